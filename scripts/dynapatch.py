@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""dynapatch: a Dynamo patch series against torch 2.13.0, turned into a custom wheel.
+
+Subcommands:
+  build    base wheel -> apply patches/series (zero fuzz) + torch_overlay/ -> build the
+           C++ extension -> stamp version -> reproducible wheel in dist/ -> .venv/
+  test     run test/ with pytest in .venv/ (building first if the wheel is stale)
+  check    the series is valid and applies exactly to the pristine base
+  devtree  a git tree of the pristine sources with one commit per patch, to edit
+  refresh  export the devtree back into patches/ and torch_overlay/
+  apply    apply the series and overlay onto an existing torch tree (--target DIR)
+
+Exit codes: 0 success; 1 invalid series, bad input or failed step; 2 a patch does not
+apply; otherwise pytest's own code (test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dplib import devtree as devtree_mod  # noqa: E402
+from dplib.base import fetch_base_wheel, installed_torch_version, load_base, pristine_sources  # noqa: E402
+from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha256_file  # noqa: E402
+from dplib.ext import build_extension  # noqa: E402
+from dplib.series import apply_to_target, load_series, patched_sources, series_digest  # noqa: E402
+from dplib.wheel import patched_wheel_name, repack, stamp_version_py  # noqa: E402
+
+# Everything the wheel is made from: a change to any of these makes the wheel stale.
+BUILD_INPUTS = ("patches", "torch_overlay", "csrc", "setup.py", "CMakeLists.txt",
+                "requirements-build.txt", "requirements-test.txt", "scripts/dplib", "scripts/dynapatch.py")
+
+
+def inputs_digest(project: Project) -> str:
+    digest = hashlib.sha256()
+    for entry in BUILD_INPUTS:
+        path = project.root / entry
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if "__pycache__" in f.parts or not f.exists():
+                continue
+            digest.update(str(f.relative_to(project.root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def stamp_file(project: Project) -> Path:
+    return project.build / "wheel.stamp"
+
+
+def cmd_check(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if the series is valid and applies exactly; 1 invalid series; 2 does not apply."""
+    spec = load_base(project)
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    pristine = pristine_sources(project, spec, wheel)
+    patches = load_series(project, pristine)
+    patched_sources(project, patches, pristine, project.build / "check")
+    shutil.rmtree(project.build / "check", ignore_errors=True)
+    log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}")
+    return 0
+
+
+def cmd_build(project: Project, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    spec = load_base(project)
+    # A failed build must not leave a wheel that looks current.
+    for old in project.dist.glob("torch-*.whl"):
+        old.unlink()
+    stamp_file(project).unlink(missing_ok=True)
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    pristine = pristine_sources(project, spec, wheel)
+    patches = load_series(project, pristine)
+    log(f"applying {len(patches)} patches")
+    stage = project.build / "stage"
+    changed = patched_sources(project, patches, pristine, stage)
+    staged = {rel: (stage / rel).read_bytes() for rel in changed}
+    series_sha = series_digest(project, patches)
+    with open(pristine / "torch" / "version.py") as f:
+        staged["torch/version.py"] = stamp_version_py(f.read(), spec, series_sha).encode()
+    log("building the C++ extension")
+    ext_name, ext_bytes = build_extension(project, spec, wheel)
+    staged[ext_name] = ext_bytes
+    project.dist.mkdir(exist_ok=True)
+    out = project.dist / patched_wheel_name(spec)
+    log(f"repacking into {out.name}")
+    repack(wheel, out, spec, staged)
+    wheel_sha = sha256_file(out)
+    stamp_file(project).write_text(f"{inputs_digest(project)} {out.name} {wheel_sha}\n")
+    log(f"built {out} sha256 {wheel_sha} in {time.monotonic() - started:.0f} s")
+    if not args.no_venv:
+        make_venv(project, out, wheel_sha)
+    return 0
+
+
+def make_venv(project: Project, wheel: Path, wheel_sha: str) -> None:
+    """.venv with the custom wheel and the test dependencies; reinstalls torch only when the wheel changed."""
+    marker = project.venv / "dynapatch-wheel.sha256"
+    if marker.is_file() and marker.read_text().strip() == wheel_sha:
+        log(f".venv already has {wheel.name}")
+        return
+    py = python_exe(project.venv)
+    if not py.exists():
+        run(["python3", "-m", "venv", project.venv])
+        run([py, "-m", "pip", "install", "--quiet", "-r", project.root / "requirements-test.txt", wheel])
+    else:
+        run([py, "-m", "pip", "install", "--quiet", "-r", project.root / "requirements-test.txt"])
+        run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", wheel])
+    marker.write_text(wheel_sha + "\n")
+    version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
+    log(f".venv ready: torch {version}")
+
+
+def wheel_is_current(project: Project) -> bool:
+    stamp = stamp_file(project)
+    if not stamp.is_file():
+        return False
+    digest, name, wheel_sha = stamp.read_text().split()
+    wheel = project.dist / name
+    marker = project.venv / "dynapatch-wheel.sha256"
+    return (digest == inputs_digest(project) and wheel.is_file()
+            and marker.is_file() and marker.read_text().strip() == wheel_sha)
+
+
+def cmd_test(project: Project, args: argparse.Namespace) -> int:
+    if not wheel_is_current(project):
+        log("wheel or .venv missing or stale: building first")
+        args.no_venv = False
+        cmd_build(project, args)
+    started = time.monotonic()
+    cmd = [python_exe(project.venv), "-m", "pytest", "-p", "no:cacheprovider", *(args.pytest_args or ["test"])]
+    log("$ " + " ".join(map(str, cmd)))
+    rc = subprocess.call([str(c) for c in cmd], cwd=project.root)
+    log(f"pytest exit {rc} after {time.monotonic() - started:.0f} s")
+    if rc == 5:
+        log("pytest collected no tests: that is a failure")
+    return rc
+
+
+def devtree_dir(project: Project, args: argparse.Namespace) -> Path:
+    return args.dir if args.dir.is_absolute() else project.root / args.dir
+
+
+def cmd_devtree(project: Project, args: argparse.Namespace) -> int:
+    spec = load_base(project)
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    pristine = pristine_sources(project, spec, wheel)
+    devtree_mod.make_devtree(project, spec, pristine, devtree_dir(project, args), args.force)
+    return 0
+
+
+def cmd_refresh(project: Project, args: argparse.Namespace) -> int:
+    devtree_mod.refresh(project, devtree_dir(project, args))
+    return 0
+
+
+def resolve_target(target: Path) -> Path:
+    """The directory holding torch/: a source checkout, a site-packages dir, or a venv."""
+    if (target / "torch" / "_dynamo").is_dir():
+        return target
+    for site in sorted(target.glob("lib/python3*/site-packages")):
+        if (site / "torch" / "_dynamo").is_dir():
+            return site
+    raise DynapatchError(f"{target} holds no torch/_dynamo (expected a pytorch checkout, site-packages or a venv)")
+
+
+def cmd_apply(project: Project, args: argparse.Namespace) -> int:
+    spec = load_base(project)
+    root = resolve_target(args.target.resolve())
+    version = installed_torch_version(root)
+    if version is None or version.split("+")[0] != spec.public_version:
+        raise DynapatchError(f"{root} holds torch {version}, but the series is for torch {spec.public_version}")
+    patches = load_series(project)
+    changed = apply_to_target(project, patches, root)
+    log(f"applied {len(patches)} patches ({len(changed)} files) to {root}")
+    log("the C++ extension is not built by apply; features fall back to stock guards without it")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dynapatch.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="the dynapatch checkout (default: the one holding this script)")
+    parser.add_argument("--cache-dir", type=Path, help="where base wheel extracts are kept (default: build/cache)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func in (("build", cmd_build), ("test", cmd_test), ("check", cmd_check), ("devtree", cmd_devtree)):
+        p = sub.add_parser(name)
+        p.set_defaults(func=func)
+        p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+        if name == "build":
+            p.add_argument("--no-venv", action="store_true", help="only build the wheel")
+        if name == "test":
+            p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest (default: test)")
+        if name == "devtree":
+            p.add_argument("--dir", type=Path, default=Path("build/devtree"))
+            p.add_argument("--force", action="store_true", help="recreate an existing devtree")
+    p = sub.add_parser("refresh")
+    p.set_defaults(func=cmd_refresh)
+    p.add_argument("--dir", type=Path, default=Path("build/devtree"))
+    p = sub.add_parser("apply")
+    p.set_defaults(func=cmd_apply)
+    p.add_argument("--target", type=Path, required=True)
+    args = parser.parse_args(argv)
+    project = Project.at(args.project, args.cache_dir)
+    try:
+        project.cache.mkdir(parents=True, exist_ok=True)
+        return args.func(project, args)
+    except DynapatchError as e:
+        die(e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Builds torch._dynamo._guard_accel with CMake + Ninja.
+
+Driven by `scripts/dynapatch.py build`, which sets DYNAPATCH_TORCH_ROOT to the base
+wheel's unpacked torch package; the result is placed into the custom wheel, not
+installed on its own.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+GUARD_ACCEL_VERSION = "0.1.0"
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+def cxx11_abi(torch_root: Path) -> str:
+    """The _GLIBCXX_USE_CXX11_ABI libtorch_python was built with (new-ABI symbols present or not)."""
+    return "1" if b"St7__cxx11" in (torch_root / "lib" / "libtorch_python.so").read_bytes() else "0"
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        torch_root = os.environ.get("DYNAPATCH_TORCH_ROOT")
+        if not torch_root:
+            sys.exit("setup.py: set DYNAPATCH_TORCH_ROOT to the unpacked base wheel's torch/ "
+                     "(scripts/dynapatch.py build does this)")
+        for tool in ("cmake", "ninja"):
+            if not shutil.which(tool):
+                sys.exit(f"setup.py: {tool} not found on PATH (pip install -r requirements-build.txt)")
+        out_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        build_dir = Path(self.build_temp).resolve()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        source_dir = Path(__file__).parent.resolve()
+        subprocess.check_call([
+            "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DTORCH_ROOT={torch_root}",
+            f"-DTORCH_CXX11_ABI={cxx11_abi(Path(torch_root))}",
+            f"-DGUARD_ACCEL_VERSION={GUARD_ACCEL_VERSION}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+        ])
+        subprocess.check_call(["cmake", "--build", str(build_dir)])
+
+
+setup(
+    name="dynapatch-guard-accel",
+    version=GUARD_ACCEL_VERSION,
+    ext_modules=[CMakeExtension("torch._dynamo._guard_accel")],
+    cmdclass={"build_ext": CMakeBuild},
+)
