@@ -1,0 +1,113 @@
+"""Symbolic int attributes of nn.Modules that a compiled frame mutates.
+
+Dynamo specializes int attributes of nn.Modules (EQUALS_MATCH on the value), which is
+right for configuration (head counts, sizes) and wrong for counters: a module doing
+``self.step += 1`` recompiles on every call until it hits the recompile limit and
+runs eagerly (pytorch #115711, #128319, #140464).
+
+What tells the two apart is the frame itself: a counter is *stored to* with a new
+value. When ``SideEffects.store_attr`` sees a sourced module attribute of exact type
+int receive a different constant, we record the attribute's source name for
+the root frame's code and restart analysis. On the restarted trace (and on every
+later compile of that code), ``VariableBuilder.wrap_literal`` wraps the attribute as
+a DYNAMIC SymInt, so it is a graph input from the first compile; the new
+value is returned by the graph and written back by residual bytecode, as for any
+attribute mutation. Guards are then only what the shape environment needs: branches
+on the value (``step % 2 == 0``) guard on that relation, never on the value itself.
+
+Attributes that are only read keep stock specialization. The marks are kept on the
+frame's PGO ``CodeState`` so they survive recompiles (and, with PGO, processes).
+Each attribute restarts a trace at most once: it is marked before the restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TYPE_CHECKING
+
+from . import config
+from .exc import UnspecializeRestartAnalysis
+
+
+if TYPE_CHECKING:
+    from .source import Source
+    from .symbolic_convert import InstructionTranslatorBase
+    from .variables.base import VariableTracker
+
+
+log = logging.getLogger(__name__)
+
+# The scalar types that are made symbolic: exact int (bool is excluded). Floats are
+# left to stock behaviour for now: AOTAutograd's _tensorify_python_scalars pass
+# specializes a written-back SymFloat (one recompile per value under aot_eager) and
+# inductor writes back a stale value (wrong results), so a symbolic float here would
+# trade recompiles for wrong answers.
+SCALAR_TYPES = (int,)
+
+
+def _code_state(tx: "InstructionTranslatorBase") -> Any:
+    from .pgo import CodeId, get_code_state
+
+    root = tx.output.root_tx
+    return get_code_state()[CodeId.make(root.f_code, root.closure)]
+
+
+def _marked_names(tx: "InstructionTranslatorBase") -> set[str]:
+    state = _code_state(tx)
+    marked = getattr(state, "mutated_module_scalars", None)
+    if marked is None:  # a CodeState unpickled from a profile written before the field existed
+        marked = state.mutated_module_scalars = set()
+    return marked
+
+
+def enabled() -> bool:
+    # Respects automatic_dynamic_shapes=False the way allow_unspec_int_on_nn_module
+    # does: the user asked for no automatic dynamism, so scalars stay specialized.
+    return config.dynamic_mutated_module_scalars and config.automatic_dynamic_shapes
+
+
+def is_mutated_module_scalar(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+    """True if `source` names a module scalar that this code is known to mutate."""
+    if not enabled() or type(value) not in SCALAR_TYPES:
+        return False
+    if config.specialize_int:
+        return False
+    return source.name in _marked_names(tx)
+
+
+def _original_value(item: "VariableTracker", name: str) -> Any:
+    # Only instance attributes: a class-level default shadowed by the store is left to stock.
+    instance_dict = getattr(getattr(item, "value", None), "__dict__", None)
+    if not isinstance(instance_dict, dict):
+        return None
+    return instance_dict.get(name)
+
+
+def unspecialize_on_store(item: "VariableTracker", name: str, value: "VariableTracker") -> None:
+    """Called for every attribute store; restarts analysis the first time a module
+    scalar is stored a new value, after marking it symbolic for this code."""
+    from .source import AttrSource
+    from .symbolic_convert import InstructionTranslator
+    from .variables.nn_module import UnspecializedNNModuleVariable
+
+    if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
+        return
+    if not value.is_python_constant():
+        return  # already symbolic (or not a scalar at all)
+    new = value.as_python_constant()
+    old = _original_value(item, name)
+    if type(old) not in SCALAR_TYPES or type(new) is not type(old) or new == old:
+        return
+    if config.specialize_int:
+        return
+    tx = InstructionTranslator.current_tx()
+    source_name = AttrSource(item.source, name).name
+    marked = _marked_names(tx)
+    if source_name in marked:
+        return  # already symbolic on this trace path; never restart twice for one attribute
+    marked.add(source_name)
+    log.debug("%s is mutated by the frame (%r -> %r): restarting with it symbolic", source_name, old, new)
+    raise UnspecializeRestartAnalysis(
+        f"{source_name} is a module scalar mutated in the frame ({old!r} -> {new!r}); "
+        "tracing it as a symbolic value"
+    )
