@@ -161,8 +161,7 @@ class ApplyTest(ProjectCopyTestCase):
     def make_target(self):
         pristine = next(CACHE.glob("pristine-*"))
         target = self.tmp / "site-packages"
-        shutil.copytree(pristine / "torch" / "_dynamo", target / "torch" / "_dynamo")
-        shutil.copy(pristine / "torch" / "version.py", target / "torch" / "version.py")
+        shutil.copytree(pristine / "torch", target / "torch")
         return target
 
     def test_apply_then_reapply_is_refused_untouched(self):

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Benchmark init_values_once: first-compile time and steady-state step time.
+
+Runs, side by side in one process, for N parameters (fresh grads every step, as with
+zero_grad(set_to_none=True)):
+  (a) a plain (non torch.optim) momentum-SGD class, traced through by Dynamo
+      (config.init_values_once=False: what stock torch 2.13 does with it)
+  (b) the same class with its _init_group decorated by init_values_once
+  (c) torch.optim.SGD(foreach=True, momentum=0.9)
+and prints first-compile seconds, frames compiled, the median steady-state step time
+and the ratios. Use the custom wheel's python: .venv/bin/python scripts/bench_skip_guard.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounterWithBackend
+
+
+class PlainSGD:
+    def __init__(self, params, lr=0.01, momentum=0.9):
+        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
+        self.state = {}
+
+    def _init_group(self, group, params, grads, bufs):
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state.get(p)
+            if state is None:
+                state = self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
+            params.append(p)
+            grads.append(p.grad)
+            bufs.append(state["momentum_buffer"])
+
+    def step(self):
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                torch._foreach_mul_(bufs, group["momentum"])
+                torch._foreach_add_(bufs, grads)
+                torch._foreach_add_(params, bufs, alpha=-group["lr"])
+
+
+class OnceSGD(PlainSGD):
+    @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
+    def _init_group(self, group, params, grads, bufs):
+        super()._init_group(group, params, grads, bufs)
+
+
+def run(kind: str, n: int, steps: int, backend: str) -> dict:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(32)) for _ in range(n)]
+    if kind == "a":
+        opt = PlainSGD(params)
+    elif kind == "b":
+        opt = OnceSGD(params)
+    else:
+        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    counter = CompileCounterWithBackend(backend)
+    step = torch.compile(opt.step, backend=counter)
+    times, compile_total = [], 0.0
+    with torch._dynamo.config.patch(init_values_once=(kind != "a")):
+        for i in range(steps):
+            for p in params:
+                p.grad = torch.randn(32)
+            frames = counter.frame_count
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+            if counter.frame_count > frames:
+                compile_total += elapsed  # this step compiled
+            times.append(elapsed)
+    return {"first": times[0], "total": compile_total, "steady": statistics.median(times[1:]),
+            "frames": counter.frame_count}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--steps", type=int, default=6, help="steps for (a), which recompiles on each")
+    parser.add_argument("--steady-steps", type=int, default=40, help="steps for (b) and (c)")
+    parser.add_argument("--backend", default="eager")
+    args = parser.parse_args()
+    torch._dynamo.config.recompile_limit = args.steps + 1  # let (a) show its recompiles
+    print(f"torch {torch.__version__}, backend={args.backend}, {args.steps} steps, fresh grads every step")
+    print(f"{'N':>6} {'case':<28} {'1st compile s':>13} {'all compiles s':>14} {'frames':>6} {'median ms/step':>15}")
+    names = {"a": "(a) plain, traced", "b": "(b) plain + init_values_once", "c": "(c) optim.SGD foreach"}
+    for n in args.sizes:
+        results = {kind: run(kind, n, args.steps if kind == "a" else args.steady_steps, args.backend)
+                   for kind in "abc"}
+        for kind, r in results.items():
+            print(f"{n:>6} {names[kind]:<28} {r['first']:>13.2f} {r['total']:>14.2f} {r['frames']:>6} "
+                  f"{r['steady'] * 1e3:>15.3f}")
+        a, b, c = results["a"], results["b"], results["c"]
+        print(f"{n:>6} ratios: first compile a/b = {a['first'] / b['first']:.2f}x, "
+              f"all compiles a/b = {a['total'] / b['total']:.1f}x (a: {args.steps} steps), "
+              f"median step b/c = {b['steady'] / c['steady']:.2f}x, a/b = {a['steady'] / b['steady']:.0f}x")
+
+
+if __name__ == "__main__":
+    main()
