@@ -159,7 +159,7 @@ class DevtreeTest(ProjectCopyTestCase):
 
 class ApplyTest(ProjectCopyTestCase):
     def make_target(self):
-        pristine = next(CACHE.glob("pristine-*"))
+        pristine = CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
         target = self.tmp / "site-packages"
         shutil.copytree(pristine / "torch", target / "torch")
         return target

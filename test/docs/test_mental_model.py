@@ -1,0 +1,55 @@
+"""Every example in docs/mental-model.md prints what the page says it prints.
+
+Each ```python block followed by a ```text block is run on its own (fresh Dynamo
+state, fresh namespace); its stdout must equal the text block. EXPECTTEST_ACCEPT=1
+rewrites the text blocks from the actual output.
+"""
+
+import contextlib
+import io
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch._dynamo.test_case
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "mental-model.md"
+EXAMPLE = re.compile(r"```python\n(?P<code>.*?)```\n\n```text\n(?P<output>.*?)```", re.S)
+
+
+def run_example(code: str) -> str:
+    torch._dynamo.reset()
+    # A real module, so classes defined by the example can be found by Dynamo.
+    module = types.ModuleType("mental_model_example")
+    sys.modules[module.__name__] = module
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "<string>", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+    return out.getvalue()
+
+
+class MentalModelDocsTest(torch._dynamo.test_case.TestCase):
+    def test_examples_print_what_the_page_says(self):
+        text = DOC.read_text()
+        examples = list(EXAMPLE.finditer(text))
+        self.assertGreaterEqual(len(examples), 5)
+        if os.environ.get("EXPECTTEST_ACCEPT") == "1":
+            DOC.write_text(EXAMPLE.sub(
+                lambda m: f"```python\n{m['code']}```\n\n```text\n{run_example(m['code'])}```", text))
+            return
+        for number, example in enumerate(examples, 1):
+            with self.subTest(example=number):
+                self.assertEqual(run_example(example["code"]), example["output"])
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

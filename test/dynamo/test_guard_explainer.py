@@ -1,0 +1,219 @@
+# Owner(s): ["module: dynamo"]
+"""torch._dynamo.explain_guards and the explained recompile reasons."""
+
+import io
+import logging
+
+import torch
+import torch._dynamo.test_case
+import torch._dynamo.testing
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.layer = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.step += 1
+        return self.layer(x)
+
+
+class LazySGD:
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params), "lr": 0.1}]
+        self.state = {}
+
+    @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
+    def _init_group(self, group, params, grads, bufs):
+        for p in group["params"]:
+            if p.grad is not None:
+                state = self.state.setdefault(p, {"buf": torch.zeros_like(p)})
+                params.append(p)
+                grads.append(p.grad)
+                bufs.append(state["buf"])
+
+    def step(self):
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                torch._foreach_add_(bufs, grads)
+                torch._foreach_add_(params, bufs, alpha=-group["lr"])
+
+
+def add_all(d):
+    return d["weight"] * d["scale"] + d["bias"]
+
+
+def total(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return out
+
+
+def explain(fn):
+    return torch._dynamo.explain_guards(fn, file=io.StringIO())
+
+
+class GuardExplainerTests(torch._dynamo.test_case.TestCase):
+    def test_module_with_counter(self):
+        model = torch.compile(Counter(), backend="eager")
+        for _ in range(3):
+            model(torch.randn(3, 4))
+        self.assertExpectedInline(explain(model), """\
+Guards of forward (test_guard_explainer.py:19): 1 cache entry
+cache entry 0:
+  49 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2
+    self.layer: 15 guards
+        type of 2 objects
+        contents (1 key/length check)
+        tensor metadata of 2 Parameter (float32x2): dtype, device, shape, stride, requires_grad; all dims static
+        10 dynamic-dim marker checks
+    <globals and imports>: 13 guards
+        identity of 9 objects
+        type of 4 objects
+    self: 10 guards
+        type of 4 objects
+        contents (4 key/length checks)
+        2 same-object checks (e.g. self.__dict__['_modules'] is self._modules)
+    x: 6 guards
+        tensor metadata of 1 Tensor (float32x1): dtype, device, shape, stride, requires_grad; all dims static
+        5 dynamic-dim marker checks
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes
+    self.step: 1 guard  [module scalar traced as SymInt (no value guard)]
+        type of 1 object""", skip=1)
+
+    def test_optimizer_with_init_values_once(self):
+        params = [torch.nn.Parameter(torch.randn(8)) for _ in range(200)]
+        for p in params:
+            p.grad = torch.randn(8)
+        opt = LazySGD(params)
+        step = torch.compile(opt.step, backend="eager")
+        step()
+        text = explain(step)
+        self.assertExpectedInline(text, """\
+Guards of step (test_guard_explainer.py:38): 1 cache entry
+cache entry 0:
+  4216 guards on 5 objects: tensor bookkeeping 3001, tensor 600, type 204, not None 200, aliasing 200, global state 4, contents 3, identity 3, value 1
+    self.param_groups: 2806 guards  [init_values_once[self.param_groups], init_values_once[self.state]]
+        type of 3 objects
+        contents (2 key/length checks)
+        tensor metadata of 200 Parameter, 200 Tensor (float32x400; 200 of them grads): dtype, device, shape, stride, requires_grad; all dims static
+        2000 dynamic-dim marker checks
+        200 same-object checks (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
+        presence of 200 values (not None)
+        value: self.param_groups[0]['lr'] == 0.1
+    self.state: 1401 guards  [init_values_once[self.state]]
+        type of 200 objects
+        tensor metadata of 200 Tensor (float32x200): dtype, device, shape, stride, requires_grad; all dims static
+        1000 dynamic-dim marker checks, 1 no-aliasing check
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes
+    <globals and imports>: 3 guards
+        identity of 3 objects
+    self: 2 guards
+        type of 1 object
+        contents (1 key/length check)""", skip=1)
+        raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
+        self.assertLessEqual(len(text.splitlines()), 40)
+        self.assertGreater(len(raw.splitlines()), 5000)
+
+    def test_function_taking_dict_of_tensors(self):
+        fn = torch.compile(add_all, backend="eager")
+        fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
+        self.assertExpectedInline(explain(fn), """\
+Guards of add_all (test_guard_explainer.py:47): 1 cache entry
+cache entry 0:
+  24 guards on 2 objects: tensor bookkeeping 16, global state 4, tensor 3, type 1
+    d: 20 guards
+        type of 1 object
+        tensor metadata of 3 Tensor (float32x3): dtype, device, shape, stride, requires_grad; all dims static
+        15 dynamic-dim marker checks, 1 no-aliasing check
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes""", skip=1)
+
+    def test_list_of_1000_tensors_is_one_group(self):
+        fn = torch.compile(total, backend="eager")
+        fn([torch.randn(2) for _ in range(1000)])
+        text = explain(fn)
+        self.assertExpectedInline(text, """\
+Guards of total (test_guard_explainer.py:51): 1 cache entry
+cache entry 0:
+  6007 guards on 2 objects: tensor bookkeeping 5001, tensor 1000, global state 4, type 1, contents 1
+    xs: 6003 guards
+        type of 1 object
+        contents (1 key/length check)
+        tensor metadata of 1000 Tensor (float32x1000): dtype, device, shape, stride, requires_grad; all dims static
+        5000 dynamic-dim marker checks, 1 no-aliasing check
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes""", skip=1)
+
+    def test_full_lists_raw_lines(self):
+        fn = torch.compile(add_all, backend="eager")
+        fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
+        full = torch._dynamo.explain_guards(fn, full=True, file=io.StringIO())
+        self.assertIn("| TENSOR_MATCH: check_tensor(L['d']['bias'], Tensor", full)
+        self.assertGreater(len(full.splitlines()), len(explain(fn).splitlines()))
+
+    def test_recompile_reason_names_object_field_and_values(self):
+        fn = torch.compile(total, backend="eager")
+        xs = [torch.randn(2) for _ in range(10)]
+        fn(xs)
+        xs[7] = xs[7].double()
+        torch._logging.set_logs(recompiles=True)
+        try:
+            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
+                fn(xs)
+        finally:
+            torch._logging.set_logs()
+        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
+        self.assertIn("=> object xs, tensor xs[7]: dtype changed Float -> Double", message)
+        # The reasons Dynamo records and returns are unchanged.
+        reasons = torch._dynamo.utils.guard_failures[total.__code__]
+        self.assertEqual(reasons, ["0/0: tensor 'xs[7]' dtype mismatch. expected Float, actual Double"])
+
+    def test_command_line_explains_a_script(self):
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            script = f"{tmp}/compile_dict.py"
+            with open(script, "w") as f:
+                f.write(
+                    "import torch\n"
+                    "def scale(x, d):\n"
+                    "    return x * d['a']\n"
+                    "torch.compile(scale, backend='eager')(torch.randn(2), {'a': 2.0})\n"
+                )
+            proc = subprocess.run(
+                [sys.executable, "-m", "torch._dynamo.guard_explainer", script],
+                capture_output=True, text=True, cwd=tmp,
+            )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Guards of scale (compile_dict.py:2): 1 cache entry", proc.stdout)
+        self.assertIn("value: d['a'] == 2.0", proc.stdout)
+
+    def test_explanation_of_length_and_value_guards(self):
+        from torch._dynamo.guard_explainer import describe_guard_failure
+
+        scope = {"xs": [1, 2, 3], "self": Counter()}
+        self.assertEqual(
+            describe_guard_failure("0/0: len(xs) == 2  # total(xs)  # f.py:1 in f", scope),
+            "object xs: length of xs changed 2 -> 3",
+        )
+        self.assertEqual(
+            describe_guard_failure("0/0: self.step == 7", scope),
+            "object self.step: value of self.step changed 7 -> 0",
+        )
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
