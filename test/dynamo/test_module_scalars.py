@@ -57,6 +57,16 @@ class ViewRows(torch.nn.Module):
         return x.view(self.n, -1) * 2
 
 
+class Decay(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.temp = 1.0
+
+    def forward(self, x):
+        self.temp *= 0.9
+        return x / self.temp
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -77,7 +87,7 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         compiled_fn = torch.compile(compiled, backend=backend)
         for x in inputs:
             self.assertEqual(compiled_fn(x), eager(x))
-        for name in ("step", "seen", "n"):
+        for name in ("step", "seen", "n", "temp"):
             if hasattr(eager, name):
                 self.assertEqual(getattr(compiled, name), getattr(eager, name))
         return backend
@@ -144,6 +154,13 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(compiled_fn(x, compiled_state), plain_fn(x, eager_state))
         self.assertEqual(compiled_state.step, eager_state.step)
         self.assertLessEqual(cnt.frame_count, 2)
+
+    def test_float_attribute_keeps_stock_behaviour(self):
+        # Floats are not made symbolic (see module_scalars.SCALAR_TYPES); the decay
+        # must still be written back and used correctly on every call.
+        for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
+            torch._dynamo.reset()
+            self.run_both(Decay, backend, self.inputs((3,) * 10))
 
     def test_switch_off_restores_stock_specialization(self):
         with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):
