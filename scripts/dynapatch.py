@@ -9,9 +9,12 @@ Subcommands:
   devtree  a git tree of the pristine sources with one commit per patch, to edit
   refresh  export the devtree back into patches/ and torch_overlay/
   apply    apply the series and overlay onto an existing torch tree (--target DIR)
+  export-prs      one git-am-able mbox per patch, each a PR description (OUTDIR)
+  upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
+  rebase-check    per patch and hunk, does the series apply to another release (--to)
 
-Exit codes: 0 success; 1 invalid series, bad input or failed step; 2 a patch does not
-apply; otherwise pytest's own code (test).
+Exit codes: 0 success; 1 invalid series, bad input, failed step or (upstream-tests) a
+regression; 2 a patch does not apply; otherwise pytest's own code (test).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from dplib import devtree as devtree_mod  # noqa: E402
 from dplib.base import fetch_base_wheel, installed_torch_version, load_base, pristine_sources  # noqa: E402
 from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha256_file  # noqa: E402
 from dplib.ext import build_extension  # noqa: E402
+from dplib import export as export_mod  # noqa: E402
+from dplib import rebase as rebase_mod  # noqa: E402
+from dplib import upstream_tests as upstream_mod  # noqa: E402
+from dplib.targets import (check_overrides, fetch_release_wheel, override_versions, release_sources,  # noqa: E402
+                           supported_versions, with_overrides)  # noqa: E402
 from dplib.series import apply_to_target, load_series, patched_sources, series_digest  # noqa: E402
 from dplib.wheel import patched_wheel_name, repack, stamp_version_py  # noqa: E402
 
@@ -61,9 +69,12 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     wheel = fetch_base_wheel(project, spec, args.base_wheel)
     pristine = pristine_sources(project, spec, wheel)
     patches = load_series(project, pristine)
+    overrides = check_overrides(project, patches)
     patched_sources(project, patches, pristine, project.build / "check")
     shutil.rmtree(project.build / "check", ignore_errors=True)
-    log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}")
+    log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}"
+        + (f"; {overrides} overrides for {', '.join(override_versions(project))} are valid "
+           f"(rebase-check applies them)" if overrides else ""))
     return 0
 
 
@@ -136,7 +147,9 @@ def cmd_test(project: Project, args: argparse.Namespace) -> int:
     started = time.monotonic()
     cmd = [python_exe(project.venv), "-m", "pytest", "-p", "no:cacheprovider", *(args.pytest_args or ["test"])]
     log("$ " + " ".join(map(str, cmd)))
-    rc = subprocess.call([str(c) for c in cmd], cwd=project.root)
+    # Toolchain tests reuse this run's cache (base wheel, pristine sources, stock venv).
+    env = {**os.environ, "DYNAPATCH_CACHE_DIR": str(project.cache)}
+    rc = subprocess.call([str(c) for c in cmd], cwd=project.root, env=env)
     log(f"pytest exit {rc} after {time.monotonic() - started:.0f} s")
     if rc == 5:
         log("pytest collected no tests: that is a failure")
@@ -174,12 +187,91 @@ def cmd_apply(project: Project, args: argparse.Namespace) -> int:
     spec = load_base(project)
     root = resolve_target(args.target.resolve())
     version = installed_torch_version(root)
-    if version is None or version.split("+")[0] != spec.public_version:
-        raise DynapatchError(f"{root} holds torch {version}, but the series is for torch {spec.public_version}")
+    supported = supported_versions(project)
+    if version is None or version.split("+")[0] not in supported:
+        raise DynapatchError(f"{root} holds torch {version}, but the series is for torch "
+                             f"{' or '.join(supported)} (patches/BASE, patches/<version>/ overrides)")
     patches = load_series(project)
+    check_overrides(project, patches)
+    patches, overridden = with_overrides(project, patches, version.split("+")[0])
     changed = apply_to_target(project, patches, root)
-    log(f"applied {len(patches)} patches ({len(changed)} files) to {root}")
+    log(f"applied {len(patches)} patches ({len(changed)} files) to {root}"
+        + (f"; from patches/{version.split('+')[0]}/: {', '.join(overridden)}" if overridden else ""))
     log("the C++ extension is not built by apply; features fall back to stock guards without it")
+    return 0
+
+
+def cmd_export_prs(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 with OUTDIR holding one mbox per patch; 1 bad input; 2 a patch does not apply to the base."""
+    spec = load_base(project)
+    args.base_ref = args.base_ref or f"v{spec.public_version}"
+    match = export_mod.TAG_RE.match(args.base_ref)
+    if not match:
+        raise DynapatchError(f"--base-ref {args.base_ref} is not a release tag like v{spec.public_version}")
+    version = match.group(1)
+    patches = load_series(project)
+    check_overrides(project, patches)
+    if version == spec.public_version:
+        tree = pristine_sources(project, spec, fetch_base_wheel(project, spec, args.base_wheel))
+    elif version in override_versions(project):
+        tree = release_sources(project, fetch_release_wheel(project, version))
+        patches, _ = with_overrides(project, patches, version)
+    else:
+        raise DynapatchError(f"the series targets torch {' or '.join(supported_versions(project))}, "
+                             f"not {args.base_ref}")
+    export_mod.export_prs(project, patches, tree, args.outdir.resolve(), args.base_ref,
+                          allow_offsets=version != spec.public_version)
+    return 0
+
+
+def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if no Dynamo test that passes with the stock wheel fails with the custom one; 1 otherwise."""
+    spec = load_base(project)
+    pytorch_src = args.pytorch_src.resolve()
+    _, files = upstream_mod.select_files(pytorch_src, args.files)
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    stock = upstream_mod.stock_venv(project, wheel, spec.sha256)
+    if args.patched_venv is None:
+        if not wheel_is_current(project):
+            log("wheel or .venv missing or stale: building first")
+            args.no_venv = False
+            cmd_build(project, args)
+        patched = project.venv
+    else:
+        patched = args.patched_venv.resolve()
+    for label, venv, expected in (("stock", stock, spec.version), ("patched", patched, spec.patched_version)):
+        version = run([python_exe(venv), "-c", "import torch; print(torch.__version__)"],
+                      capture=True, cwd=project.cache).stdout.split()[-1]
+        if version != expected:
+            raise DynapatchError(f"the {label} env {venv} has torch {version}, expected {expected}")
+    out = (args.junit_dir or project.build / "upstream-tests").resolve()
+    comparison = upstream_mod.run_upstream_tests(pytorch_src, files, stock, patched, out, args.timeout)
+    if comparison.regressions:
+        raise DynapatchError(f"{len(comparison.regressions)} upstream tests regress with the custom wheel "
+                             f"(listed above)")
+    log("upstream-tests ok: no regressions")
+    return 0
+
+
+def cmd_rebase_check(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if the series (with patches/<version>/ overrides) applies to torch <version>; 2 if not."""
+    patches = load_series(project)
+    check_overrides(project, patches)
+    wheel = fetch_release_wheel(project, args.to, args.wheel)
+    target = release_sources(project, wheel, cached=args.wheel is None)
+    effective, overridden = with_overrides(project, patches, args.to)
+    tables = [("series as is", patches, set())]
+    if overridden:
+        tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden)))
+    for title, series, used in tables:
+        results = rebase_mod.rebase_check(project, series, used, target)
+        print(f"\n{title}:\n{rebase_mod.format_table(results, args.to)}\n", flush=True)
+    failures = rebase_mod.failed(results)
+    if failures:
+        raise DynapatchError(f"{len(failures)} of {len(patches)} patches do not apply to torch {args.to}: "
+                             f"{', '.join(r.name for r in failures)}", 2)
+    log(f"rebase-check ok: all {len(patches)} patches apply to torch {args.to}"
+        + (f" ({len(overridden)} through overrides)" if overridden else ""))
     return 0
 
 
@@ -207,6 +299,24 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("apply")
     p.set_defaults(func=cmd_apply)
     p.add_argument("--target", type=Path, required=True)
+    p = sub.add_parser("export-prs", help="one git-am-able mbox per patch, written as a PR description")
+    p.set_defaults(func=cmd_export_prs)
+    p.add_argument("outdir", type=Path, metavar="OUTDIR")
+    p.add_argument("--base-ref", default=None, help="the pytorch tag the stack applies to (default: v<BASE version>)")
+    p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("upstream-tests", help="Dynamo's own tests: stock base wheel vs the custom wheel")
+    p.set_defaults(func=cmd_upstream_tests)
+    p.add_argument("--pytorch-src", type=Path, required=True, help="a pytorch checkout at the base's tag")
+    p.add_argument("--files", nargs="+", help="test/dynamo/ files to run (default: %s)"
+                   % " ".join(upstream_mod.DEFAULT_FILES))
+    p.add_argument("--patched-venv", type=Path, help="a venv with the custom wheel (default: .venv, built if stale)")
+    p.add_argument("--junit-dir", type=Path, help="where the junit xml goes (default: build/upstream-tests)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per test file and env (default 3600)")
+    p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("rebase-check", help="does the series apply to another torch release?")
+    p.set_defaults(func=cmd_rebase_check)
+    p.add_argument("--to", required=True, metavar="VERSION", help="torch release, e.g. 2.14.1")
+    p.add_argument("--wheel", type=Path, help="use this wheel of that release instead of pip download")
     args = parser.parse_args(argv)
     project = Project.at(args.project, args.cache_dir)
     try:

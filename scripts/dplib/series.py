@@ -22,6 +22,7 @@ DOES_NOT_APPLY = 2
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Accepted", "Backport", "Inappropriate", "Denied")
 TRAILER_RE = re.compile(r"^([A-Z][A-Za-z-]+): (.*)$")
 DIFF_FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+OVERRIDE_DIR_RE = re.compile(r"^\d+\.\d+\.\d+$")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.M)
 
 
@@ -105,8 +106,10 @@ def check_series_listing(project: Project, names: list[str]) -> None:
         seen.add(name)
         if not (project.patches / name).is_file():
             raise DynapatchError(f"patches/series lists {name}, but patches/{name} does not exist", SERIES_INVALID)
+    # patches/<version>/ holds per-base overrides (targets.py), checked separately.
     unused = sorted(str(p.relative_to(project.patches)) for p in project.patches.rglob("*.patch")
-                    if str(p.relative_to(project.patches)) not in seen)
+                    if str(p.relative_to(project.patches)) not in seen
+                    and not OVERRIDE_DIR_RE.match(p.relative_to(project.patches).parts[0]))
     if unused:
         raise DynapatchError(f"patches not listed in patches/series (unused): {', '.join(unused)}", SERIES_INVALID)
 

@@ -1,6 +1,7 @@
 """The patch-series toolchain (scripts/dynapatch.py), run on temporary copies of the project."""
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / "build" / "cache"
+CACHE = Path(os.environ.get("DYNAPATCH_CACHE_DIR", ROOT / "build" / "cache"))
 PROJECT_FILES = ("patches", "torch_overlay", "scripts", "csrc", "setup.py", "CMakeLists.txt",
                  "requirements-build.txt", "requirements-test.txt")
 WHEEL_TAGS = "cp311-cp311-manylinux_2_28_x86_64"
@@ -126,12 +127,12 @@ class BaseWheelTest(ProjectCopyTestCase):
 
 class DevtreeTest(ProjectCopyTestCase):
     def test_roundtrip_is_byte_identical(self):
-        before = {p.name: p.read_bytes() for p in (self.project / "patches").iterdir()}
+        before = {str(p): p.read_bytes() for p in (self.project / "patches").rglob("*") if p.is_file()}
         devtree = self.tmp / "devtree"
         self.assertEqual(self.dynapatch("devtree", "--dir", str(devtree)).returncode, 0)
         proc = self.dynapatch("refresh", "--dir", str(devtree))
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        after = {p.name: p.read_bytes() for p in (self.project / "patches").iterdir()}
+        after = {str(p): p.read_bytes() for p in (self.project / "patches").rglob("*") if p.is_file()}
         self.assertEqual(before, after)
 
     def test_edit_and_new_file_are_exported(self):
@@ -159,6 +160,7 @@ class DevtreeTest(ProjectCopyTestCase):
 
 class ApplyTest(ProjectCopyTestCase):
     def make_target(self):
+        # The cache may also hold other releases' sources (rebase-check).
         pristine = CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
         target = self.tmp / "site-packages"
         shutil.copytree(pristine / "torch", target / "torch")

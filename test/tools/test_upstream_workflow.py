@@ -1,0 +1,214 @@
+"""export-prs, rebase-check and patches/<version>/ overrides, on temporary copies of the project."""
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+from test_dynapatch_cli import CACHE, ROOT, WHEEL_TAGS, ProjectCopyTestCase  # also puts scripts/ on sys.path
+
+from dplib.base import load_base  # noqa: E402
+from dplib.common import Project  # noqa: E402
+
+
+def pristine_tree() -> Path:
+    return CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and ".git" not in p.relative_to(root).parts}
+
+
+class ExportPrsTest(ProjectCopyTestCase):
+    def setUp(self):
+        super().setUp()
+        # The patches' Tests: files travel with their PRs.
+        shutil.copytree(ROOT / "test/dynamo", self.project / "test/dynamo",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def git(self, *args, cwd):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+                               *args], cwd=cwd, text=True, capture_output=True)
+
+    def test_git_am_onto_pristine_tree_equals_apply(self):
+        self.assertEqual(self.dynapatch("check").returncode, 0)  # fills the cache with the pristine sources
+        out = self.tmp / "prs"
+        proc = self.dynapatch("export-prs", str(out))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        mboxes = sorted(out.glob("*.patch"))
+        series = [n for n in (self.project / "patches/series").read_text().splitlines() if n and n[0] != "#"]
+        self.assertEqual(len(mboxes), len(series))
+
+        # A checkout-like git repo of the base wheel's Python sources.
+        repo = self.tmp / "pytorch"
+        shutil.copytree(pristine_tree() / "torch", repo / "torch")
+        self.git("init", "-q", cwd=repo)
+        self.git("add", "-A", cwd=repo)
+        self.git("commit", "-q", "-m", "v2.13.0", cwd=repo)
+        am = self.git("am", *map(str, mboxes), cwd=repo)
+        self.assertEqual(am.returncode, 0, am.stdout + am.stderr)
+        self.assertEqual(self.git("rev-list", "--count", "HEAD", cwd=repo).stdout.strip(), str(len(series) + 1))
+
+        applied = self.tmp / "applied"
+        shutil.copytree(pristine_tree() / "torch", applied / "torch")
+        self.assertEqual(self.dynapatch("apply", "--target", str(applied)).returncode, 0)
+        self.assertEqual(tree_files(repo / "torch"), tree_files(applied / "torch"))
+        for test in (self.project / "test/dynamo").glob("test_*.py"):
+            if f"Tests: test/dynamo/{test.name}" in "".join(p.read_text() for p in mboxes):
+                self.assertEqual((repo / "test/dynamo" / test.name).read_bytes(), test.read_bytes())
+
+    def test_message_is_a_pr_description(self):
+        out = self.tmp / "prs"
+        self.assertEqual(self.dynapatch("export-prs", str(out)).returncode, 0)
+        last = sorted(out.glob("*.patch"))[-1].read_text()
+        message = last.split("\n---\n", 1)[0]
+        self.assertIn("Test plan:\n    python test/dynamo/test_", message)
+        self.assertIn("Stack (oldest first; apply in this order onto v2.13.0):", message)
+        self.assertIn("(this PR)", message)
+        self.assertIn("Depends on:", message)
+        self.assertNotIn("Upstream-Status:", message)
+        self.assertNotIn("Overlay-File:", message)
+
+    def test_refuses_unknown_base_and_nonempty_outdir(self):
+        proc = self.dynapatch("export-prs", str(self.tmp / "prs"), "--base-ref", "v2.12.0")
+        self.assertFailsWith(proc, 1, "v2.12.0")
+        (self.tmp / "full").mkdir()
+        (self.tmp / "full" / "old.patch").write_text("x")
+        self.assertFailsWith(self.dynapatch("export-prs", str(self.tmp / "full")), 1, "not empty")
+
+
+class RebaseCheckTest(ProjectCopyTestCase):
+    """rebase-check against a small fake release wheel made from the base's own sources."""
+
+    def fake_release(self, version, edit=None, extra=()):
+        """A torch-<version> wheel holding the files the series changes, optionally edited."""
+        pristine = pristine_tree()
+        files = sorted({line.split()[2][2:] for p in (self.project / "patches").glob("*.patch")
+                        for line in p.read_text().splitlines() if line.startswith("diff --git ")})
+        path = self.tmp / f"torch-{version}-{WHEEL_TAGS}.whl"
+        with zipfile.ZipFile(path, "w") as zf:
+            for rel in files:
+                text = (pristine / rel).read_text()
+                zf.writestr(rel, edit(rel, text) if edit else text)
+            for rel in extra:
+                zf.writestr(rel, "")
+        return path
+
+    def rebase_check(self, version, wheel):
+        return self.dynapatch("rebase-check", "--to", version, "--wheel", str(wheel))
+
+    def test_same_sources_apply_cleanly(self):
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0"))
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"| {self.patch.name} | clean |", proc.stdout)
+
+    def test_context_conflict_names_file_and_hunk_and_blocks_later_patches(self):
+        def edit(rel, text):
+            if rel == "torch/_dynamo/variables/optimizer.py":
+                return text.replace("# which will directly inline\n", "# which will inline\n", 1)
+            return text
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
+        self.assertFailsWith(proc, 2, self.patch.name)
+        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +150,7 @@ (context only)", proc.stdout)
+        self.assertRegex(proc.stdout, r"\| 0004-\S+ \| blocked \| not checked: earlier patch 0001-")
+
+    def test_offsets_are_reported_and_accepted(self):
+        def edit(rel, text):
+            return "# moved\n# down\n" + text if rel == "torch/_dynamo/variables/optimizer.py" else text
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"| {self.patch.name} | offsets | torch/_dynamo/variables/optimizer.py @@ -150,7 +150,7 @@: "
+                      f"offset 2 lines", proc.stdout)
+
+    def test_overlay_collision(self):
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", extra=["torch/_dynamo/init_once.py"]))
+        self.assertFailsWith(proc, 2)
+        self.assertIn("overlay file torch/_dynamo/init_once.py collides with a file of the target", proc.stdout)
+
+    def test_override_makes_series_apply_and_check_validates_it(self):
+        def edit(rel, text):
+            if rel == "torch/_dynamo/variables/optimizer.py":
+                return text.replace("# which will directly inline\n", "# which will inline\n", 1)
+            return text
+        wheel = self.fake_release("2.99.0", edit)
+        override = self.project / "patches/2.99.0" / self.patch.name
+        override.parent.mkdir()
+        original = self.patch.read_text()
+        override.write_text(original.replace(" # which will directly inline\n", " # which will inline\n", 1))
+        # An override is the same patch: other subjects or files are refused.
+        self.assertEqual(self.dynapatch("check").returncode, 0)
+        proc = self.rebase_check("2.99.0", wheel)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"| {self.patch.name} | clean (override) |", proc.stdout)
+        # The base build does not see it.
+        self.assertIn(f"| {self.patch.name} | conflict |", proc.stdout.split("with overrides")[0])
+
+        override.write_text(original.replace("Subject: [PATCH] ", "Subject: [PATCH] other ", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, "patches/2.99.0/" + self.patch.name, "subject")
+        override.write_text(original)
+        self.assertFailsWith(self.dynapatch("check"), 1, "identical")
+        override.unlink()
+        (override.parent / "0099-nothing.patch").write_text(original)
+        self.assertFailsWith(self.dynapatch("check"), 1, "replaces no patch")
+
+    def test_shipped_overrides_are_for_releases_other_than_the_base(self):
+        self.assertFalse((ROOT / "patches/2.13.0").exists())
+
+
+FIXTURE_TESTS = {
+    # Passes with both wheels.
+    "test_fixture_stable.py": '''
+import torch
+
+
+def test_compiles():
+    assert torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2)).sum().item() == 4
+
+
+def test_skipped():
+    import pytest
+    pytest.skip("not on this machine")
+''',
+    # Regresses on purpose with the custom wheel; and gains a pass the stock wheel lacks.
+    "test_fixture_version.py": '''
+import torch
+
+
+def test_stock_version():
+    assert "dynapatch" not in torch.__version__
+
+
+def test_has_init_values_once():
+    assert hasattr(torch._dynamo.config, "init_values_once")
+''',
+}
+
+
+class UpstreamTestsTest(ProjectCopyTestCase):
+    """upstream-tests on a pytorch-like directory with two tiny test files, against the built .venv."""
+
+    def test_reports_regression_and_newly_passing(self):
+        if not (ROOT / ".venv/bin/python").exists():
+            self.skipTest("no .venv: run `dynapatch.py test`, which builds it first")
+        checkout = self.tmp / "pytorch"
+        for name, text in FIXTURE_TESTS.items():
+            (checkout / "test/dynamo").mkdir(parents=True, exist_ok=True)
+            (checkout / "test/dynamo" / name).write_text(text)
+        proc = self.dynapatch("upstream-tests", "--pytorch-src", str(checkout), "--files", *FIXTURE_TESTS,
+                              "--patched-venv", str(ROOT / ".venv"), "--junit-dir", str(self.tmp / "junit"))
+        self.assertFailsWith(proc, 1, "1 upstream tests regress")
+        out = proc.stdout
+        self.assertIn("| test_fixture_stable.py | 1/0/1 | 1/0/1 |", out)
+        self.assertIn("| test_fixture_version.py | 1/1/0 | 1/1/0 |", out)
+        regressions = out.split("regressions (passed on stock, fail patched): ")[1]
+        self.assertTrue(regressions.startswith("1\n  dynamo.test_fixture_version::test_stock_version\n"), out)
+        newly = out.split("newly passing (failed on stock, pass patched): ")[1]
+        self.assertTrue(newly.startswith("1\n  dynamo.test_fixture_version::test_has_init_values_once\n"), out)
+        self.assertTrue((self.tmp / "junit/patched/test_fixture_version.xml").is_file())
+
+    def test_missing_file_is_named(self):
+        (self.tmp / "pytorch/test/dynamo").mkdir(parents=True)
+        proc = self.dynapatch("upstream-tests", "--pytorch-src", str(self.tmp / "pytorch"),
+                              "--files", "test_absent.py", "--patched-venv", str(ROOT / ".venv"))
+        self.assertFailsWith(proc, 1, "test_absent.py")
