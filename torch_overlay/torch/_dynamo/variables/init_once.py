@@ -386,11 +386,14 @@ def _label_guards(tx: "InstructionTranslatorBase", entry: InitValuesOnceFunction
         context.loc_in_frame, context.loc_in_frame_positions = saved
 
 
-def maybe_init_values_once_variable(fn: Any, fn_vt: VariableTracker) -> InitValuesOnceVariable | None:
-    """The VariableTracker to call instead of inlining `fn`, if it is marked."""
+def maybe_init_values_once_variable(fn: Any) -> InitValuesOnceVariable | None:
+    """The VariableTracker to call instead of inlining `fn`, if it is marked.
+    Called for every traced user function call, so the common case is one dict lookup."""
     from ..init_once import lookup_init_values_once
 
-    if not config.init_values_once:
-        return None
     entry = lookup_init_values_once(fn)
-    return InitValuesOnceVariable(entry, fn_vt) if entry is not None else None
+    if entry is None or not config.init_values_once:
+        return None
+    from .functions import UserFunctionVariable
+
+    return InitValuesOnceVariable(entry, UserFunctionVariable(fn))
