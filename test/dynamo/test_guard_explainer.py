@@ -211,6 +211,11 @@ cache entry 0:
             describe_guard_failure("0/0: self.step == 7", scope),
             "object self.step: value of self.step changed 7 -> 0",
         )
+        # the reason a native TensorContainerGuard reports
+        self.assertEqual(
+            describe_guard_failure("0/0: xs[417]: dtype changed float32 -> float64", scope),
+            "object xs, tensor xs[417]: dtype changed float32 -> float64",
+        )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ KIND_CATEGORY = {
     "TORCH_FUNCTION_MODE_STACK": "global state",
     "DEFAULT_DEVICE": "global state",
 }
+# Names under which torch/_dynamo/guard_accel.py installs its native guards.
+ACCELERATED_CONTAINER_PREFIX = "___tensor_container_"
+ACCELERATED_ALIASING_PREFIX = "___tensor_aliasing_group"
 GLOBAL_STATE_GROUP = "<global state>"
 GLOBALS_GROUP = "<globals and imports>"
 
@@ -75,6 +78,10 @@ class GuardLine:
     @property
     def category(self) -> str:
         if self.kind == "LAMBDA_GUARD":
+            if self.code.startswith(ACCELERATED_CONTAINER_PREFIX):
+                return "accelerated container"
+            if self.code.startswith(ACCELERATED_ALIASING_PREFIX):
+                return "tensor bookkeeping"
             if "L[" not in self.code:
                 return "global state"
             return "aliasing" if " is " in self.code else "relation"
@@ -180,11 +187,27 @@ def _describe_tensors(lines: list[GuardLine]) -> str:
     return text
 
 
-def _summarise(obj: str, lines: list[GuardLine], scalars: set[str]) -> list[str]:
+def _describe_accelerated(lines: list[GuardLine], closure_vars: dict[str, Any]) -> list[str]:
+    parts = []
+    for line in lines:
+        if ".explain(" in line.code:
+            continue  # the same guard's reason part
+        name = line.code.split("(", 1)[0]
+        guard = closure_vars.get(name)
+        count = guard.num_tensors() if hasattr(guard, "num_tensors") else "?"
+        parts.append(f"tensor metadata of {count} tensors in one native TensorContainerGuard "
+                     "(type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)")
+    return parts
+
+
+def _summarise(obj: str, lines: list[GuardLine], scalars: set[str],
+               closure_vars: dict[str, Any] | None = None) -> list[str]:
     by_category = collections.defaultdict(list)
     for line in lines:
         by_category[line.category].append(line)
     parts = []
+    accelerated = _describe_accelerated(by_category.get("accelerated container", []), closure_vars or {})
+    parts.extend(accelerated)
     if by_category.get("identity"):
         parts.append(f"identity of {_plural(len(by_category['identity']), 'object')}")
     if by_category.get("type"):
@@ -216,6 +239,8 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: set[str]) -> list[str]
         kinds = collections.Counter(line.kind for line in by_category["other"])
         parts.append(", ".join(f"{n} {k}" for k, n in kinds.most_common()))
     features = sorted({m.group(1) for line in lines if (m := _FEATURE_SPEC.search(line.comment))})
+    if accelerated:
+        features.append("accelerated container guard")
     features += [
         "module scalar traced as SymInt (no value guard)"
         for name in sorted(scalars)
@@ -261,8 +286,9 @@ def explain_entry(guard_manager: Any, *, full: bool = False) -> list[str]:
         f"{_plural(len(lines), 'guard')} on {_plural(len(groups), 'object')}: "
         + ", ".join(f"{category} {n}" for category, n in counts.most_common())
     ]
+    closure_vars = getattr(guard_manager, "closure_vars", None) or {}
     for obj, group in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
-        out.extend("  " + text for text in _summarise(obj, group, scalars))
+        out.extend("  " + text for text in _summarise(obj, group, scalars, closure_vars))
         if full:
             out.extend(f"      | {line.kind}: {line.code}" for line in group)
     return out
@@ -287,9 +313,12 @@ _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[[^\]]*\])*")
 
 def _evaluate(expression: str, scope: dict[str, Any]) -> Any:
     try:
-        return eval(expression, {}, scope)  # noqa: S307 - Dynamo's own source expressions
+        value = eval(expression, {}, scope)  # noqa: S307 - Dynamo's own source expressions
     except Exception:
         return "<unavailable>"
+    if isinstance(value, str) and len(value) > 80:
+        return value[:77] + "..."
+    return value
 
 
 def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
@@ -304,6 +333,9 @@ def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
         field = tensor["field"] + (f"[{tensor['index']}]" if tensor["index"] else "")
         return f"object {user_object(src)}, tensor {src}: {field} changed {tensor['old']} -> {tensor['new']}"
     code = reason.split("\n", 1)[0].split("  #", 1)[0].strip()
+    native = re.fullmatch(r"(?P<src>[A-Za-z_][\w.\[\]']*): (?P<what>.+ changed .+)", code)
+    if native:  # a TensorContainerGuard's own explanation
+        return f"object {user_object(native['src'])}, tensor {native['src']}: {native['what']}"
     checks = (
         (r"len\((?P<src>.+)\) == (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len({src})"),
         (r"___check_type_id\((?P<src>.+), \d+\)", "type of {src} changed -> {now}", "type({src}).__name__"),
