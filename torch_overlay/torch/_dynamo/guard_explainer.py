@@ -53,6 +53,7 @@ KIND_CATEGORY = {
 ACCELERATED_CONTAINER_PREFIX = "___tensor_container_"
 ACCELERATED_ALIASING_PREFIX = "___tensor_aliasing_group"
 GLOBAL_STATE_GROUP = "<global state>"
+NO_ALIASING_GROUP = "<no-aliasing check>"
 GLOBALS_GROUP = "<globals and imports>"
 
 _LOCAL = re.compile(r"L\['([^']+)'\]")
@@ -147,6 +148,8 @@ def user_object(source: str) -> str:
 
 
 def _object_of_line(line: GuardLine) -> str:
+    if line.code.startswith(ACCELERATED_ALIASING_PREFIX):
+        return NO_ALIASING_GROUP
     if line.source in ("", "L"):
         found = _SOURCE.search(line.code)
         return user_object(found.group(0)) if found else GLOBAL_STATE_GROUP
@@ -218,10 +221,19 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: set[str],
     if tensors:
         parts.append(tensors)
     if by_category.get("tensor bookkeeping"):
-        markers = sum(1 for line in by_category["tensor bookkeeping"] if line.kind != "NO_TENSOR_ALIASING")
-        aliasing_checks = len(by_category["tensor bookkeeping"]) - markers
-        parts.append(f"{_plural(markers, 'dynamic-dim marker check')}"
-                     + (f", {_plural(aliasing_checks, 'no-aliasing check')}" if aliasing_checks else ""))
+        bookkeeping = by_category["tensor bookkeeping"]
+        markers = sum(1 for line in bookkeeping if line.kind == "DIMENSION_DYNAMIC_MARKING_GUARD")
+        aliasing_checks = sum(1 for line in bookkeeping if line.kind == "NO_TENSOR_ALIASING")
+        native = closure_vars.get(ACCELERATED_ALIASING_PREFIX) if closure_vars else None
+        texts = []
+        if markers:
+            texts.append(_plural(markers, "dynamic-dim marker check"))
+        if aliasing_checks:
+            texts.append(_plural(aliasing_checks, "no-aliasing check"))
+        if native is not None and obj == NO_ALIASING_GROUP:
+            texts.append(f"one native no-aliasing check over {native.num_tensors()} tensors")
+        if texts:
+            parts.append(", ".join(texts))
     aliasing = by_category.get("aliasing", [])
     if aliasing:
         parts.append(f"{_plural(len(aliasing), 'same-object check')} (e.g. {_unlocal(aliasing[0].code)})")

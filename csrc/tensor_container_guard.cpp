@@ -1,0 +1,1286 @@
+// TensorContainerGuard: one native leaf guard for a list, tuple or dict of tensors.
+//
+// Stock Dynamo checks every tensor of a container through its own guard node: an
+// accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share of the
+// relational NO_TENSOR_ALIASING guard. This guard keeps the same per-tensor facts
+// as flat records and checks a whole container in one loop with early exit. It is
+// a plain Python callable (vectorcall), installed with GuardManager.add_lambda_guard
+// on the container's node by torch/_dynamo/guard_accel.py.
+//
+// What a record checks is what TENSOR_MATCH checks (torch/csrc/dynamo/guards.cpp,
+// TensorCheck): exact Python type, the dispatch key set after the thread-local
+// include/exclude sets (and Python-key masking) are applied, dtype, device index,
+// requires_grad, rank, and every size and stride that is not dynamic. It also
+// checks the dimension-marking attributes (_dynamo_dynamic_indices & co) the way
+// DIMENSION_DYNAMIC_MARKING_GUARD does. Aliasing is collected into a
+// TensorAliasingGroup and decided once per check by its epilogue guard.
+#include "tensor_container_guard.h"
+
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/flat_hash_map.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace dynapatch {
+namespace {
+
+// A size or stride entry that is not checked (a dynamic dimension).
+constexpr int64_t kUnchecked = std::numeric_limits<int64_t>::min();
+
+// The attributes DIMENSION_DYNAMIC_MARKING_GUARD looks at, in guards.py's order.
+constexpr int kNumMarkAttrs = 5;
+const char* const kMarkAttrNames[kNumMarkAttrs] = {
+    "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+    "_dynamo_static_indices",
+};
+PyObject* g_mark_attr_names[kNumMarkAttrs] = {};
+PyObject* g_issubset_name = nullptr;
+
+// torch.utils._python_dispatch keeps, in a module global, the flag that Dynamo's
+// C++ guards keep in a thread local (set_is_in_mode_without_ignore_compile_internals
+// is called with that global). The thread local is not exported, so we read the
+// global, and only when a Python dispatch key is involved.
+PyObject* g_python_dispatch_dict = nullptr;
+PyObject* g_mode_flag_name = nullptr;
+
+const c10::DispatchKeySet kPythonKeys({
+    c10::DispatchKey::Python,
+    c10::DispatchKey::PythonTLSSnapshot,
+    c10::DispatchKey::PythonDispatcher,
+});
+
+bool should_mask_python_keys() {
+  if (g_python_dispatch_dict == nullptr) {
+    return true;
+  }
+  PyObject* flag = PyDict_GetItemWithError(g_python_dispatch_dict, g_mode_flag_name);
+  if (flag == nullptr) {
+    PyErr_Clear();
+    return true;
+  }
+  return flag != Py_True;
+}
+
+// The dispatch key transformation of Dynamo's LocalState, from the current TLS.
+class DispatchState {
+ public:
+  DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}
+
+  c10::DispatchKeySet apply(c10::DispatchKeySet ks) {
+    c10::DispatchKeySet result = (ks | tls_.included_) - tls_.excluded_;
+    if ((result & kPythonKeys).empty()) {
+      return result; // masking would not change anything
+    }
+    if (mask_ < 0) {
+      mask_ = should_mask_python_keys() ? 1 : 0;
+    }
+    return mask_ ? result - kPythonKeys : result;
+  }
+
+ private:
+  c10::impl::LocalDispatchKeySet tls_;
+  int mask_ = -1;
+};
+
+// Does the type (or its MRO) define one of the dimension-marking attributes, or
+// customize attribute lookup so that hasattr() could find one?
+bool type_may_have_mark_attrs(PyTypeObject* type) {
+  if (type->tp_getattro != PyObject_GenericGetAttr) {
+    return true;
+  }
+  for (PyObject* name : g_mark_attr_names) {
+    if (_PyType_Lookup(type, name) != nullptr) {
+      return true;
+    }
+  }
+  return false;
+}
+
+unsigned int valid_version_tag(PyTypeObject* type) {
+  return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
+}
+
+// A concrete size or stride equal to `expected`. Symbolic values (only seen under
+// fake/functional modes, never for real inputs) do not match; this stays in line
+// (SymInt::maybe_as_int is not inlined and dominated the loop).
+C10_ALWAYS_INLINE bool symint_equals(const c10::SymInt& v, int64_t expected) {
+  return !v.is_heap_allocated() && v.as_int_unchecked() == expected;
+}
+
+// 0 when the interpreter has no dict versions to offer (3.12 deprecates them).
+uint64_t dict_version(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030C0000
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#else
+  return 0;
+#endif
+}
+
+// The instance __dict__ of a tensor, or nullptr when it has no instance attributes.
+PyObject* instance_dict(PyObject* obj) {
+  PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
+  if (dict_ptr == nullptr || *dict_ptr == nullptr || PyDict_GET_SIZE(*dict_ptr) == 0) {
+    return nullptr;
+  }
+  return *dict_ptr;
+}
+
+enum class Field : uint8_t {
+  kNone,
+  kContainerType,
+  kContainerLength,
+  kKey,
+  kMissing,
+  kType,
+  kDispatchKeys,
+  kDtype,
+  kDevice,
+  kRequiresGrad,
+  kRank,
+  kSize,
+  kStride,
+  kDimMarking,
+};
+
+// Where a check failed, for the recompile reason.
+struct Mismatch {
+  Field field = Field::kNone;
+  Py_ssize_t record = -1; // index into records, or -1 for the container itself
+  Py_ssize_t position = -1; // dict position for kKey
+  int dim = -1; // size/stride dimension, or mark attribute index
+  PyObject* value = nullptr; // borrowed: the element (or key) that failed
+};
+
+// Everything TENSOR_MATCH and the dimension-marking guard know about one tensor.
+struct Record {
+  PyTypeObject* pytype; // strong
+  uint64_t dispatch_keys; // LocalState-applied key set at build time
+  c10::ScalarType dtype;
+  c10::DeviceIndex device_index;
+  bool requires_grad;
+  int32_t alias_slot; // index into the aliasing participant, or -1
+  int32_t rank;
+  uint32_t shape_offset; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
+  int32_t marks; // -1: every mark attribute must be absent; else index into marks_
+  Py_ssize_t locator; // list/tuple index or dict position
+  PyObject* key; // strong; the dict key (dict containers only)
+  // ma_version_tag of the instance __dict__ that last passed the marking check.
+  // Dict versions are unique process-wide (a new or modified dict gets a new
+  // one), so an equal version means the same, unmodified __dict__.
+  mutable uint64_t passed_dict_version;
+};
+
+// Per mark attribute: nullptr means the attribute must be absent; otherwise a
+// present attribute must be a subset of this object (guards.py's issubset check).
+struct MarkExpectation {
+  PyObject* subset_of[kNumMarkAttrs];
+};
+
+enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered };
+
+// ---------------------------------------------------------------------------
+// TensorAliasingGroup: the no-aliasing guard for every tensor of a frame.
+//
+// Participants (container guards and single tensors) record the identities of
+// the tensors they checked; the group's epilogue guard, which Dynamo runs after
+// every other guard passed, decides. A participant that records an identity
+// different from the one it holds marks itself dirty. Invariant: a participant
+// that is not dirty holds exactly the identities of the last check that found
+// all of them pairwise distinct. So when no participant is dirty the epilogue
+// passes without looking at a single pointer; otherwise all identities go
+// through a hash set, and on success the dirty marks are cleared. Identities are
+// compared as raw pointers only, never dereferenced: no tensor is kept alive.
+class TensorAliasingGroup {
+ public:
+  struct Participant {
+    std::vector<PyObject*> current;
+    std::vector<std::string> names;
+    bool dirty = true;
+  };
+
+  int add_participant(std::vector<std::string> names) {
+    Participant p;
+    p.current.assign(names.size(), nullptr);
+    p.names = std::move(names);
+    participants_.push_back(std::move(p));
+    return static_cast<int>(participants_.size()) - 1;
+  }
+
+  Participant& participant(int index) {
+    return participants_[index];
+  }
+
+  bool check() {
+    bool dirty = false;
+    for (const auto& p : participants_) {
+      dirty |= p.dirty;
+    }
+    if (!dirty) {
+      return true;
+    }
+    seen_.clear();
+    for (const auto& p : participants_) {
+      for (PyObject* obj : p.current) {
+        if (!seen_.insert(obj).second) {
+          return false;
+        }
+      }
+    }
+    for (auto& p : participants_) {
+      p.dirty = false;
+    }
+    return true;
+  }
+
+  // The names of two entries recorded by the last check that are the same
+  // tensor, or an empty string.
+  std::string describe_duplicate() const {
+    ska::flat_hash_map<PyObject*, const std::string*> first;
+    for (const auto& p : participants_) {
+      for (size_t i = 0; i < p.current.size(); i++) {
+        auto inserted = first.insert({p.current[i], &p.names[i]});
+        if (!inserted.second) {
+          return *inserted.first->second + " and " + p.names[i] +
+              " are the same tensor, but the graph was compiled for distinct tensors";
+        }
+      }
+    }
+    return "";
+  }
+
+  size_t num_tensors() const {
+    size_t n = 0;
+    for (const auto& p : participants_) {
+      n += p.current.size();
+    }
+    return n;
+  }
+
+ private:
+  std::vector<Participant> participants_;
+  ska::flat_hash_set<PyObject*> seen_;
+};
+
+// Records one identity for a participant (see TensorAliasingGroup).
+C10_ALWAYS_INLINE void record_identity(
+    TensorAliasingGroup::Participant& p,
+    int32_t slot,
+    PyObject* obj) {
+  PyObject*& held = p.current[slot];
+  if (held != obj) {
+    held = obj;
+    p.dirty = true;
+  }
+}
+
+class TensorContainerGuard {
+ public:
+  ~TensorContainerGuard();
+
+  // Hot path: true iff every record matches.
+  bool check(PyObject* container);
+  // Slow path: the first mismatch (field kNone if none).
+  Mismatch find_mismatch(PyObject* container);
+  std::string describe(const Mismatch& m);
+
+  Kind kind_ = Kind::kList;
+  std::string container_name_;
+  PyTypeObject* dict_type_ = nullptr; // strong; kDictOrdered
+  Py_ssize_t dict_size_ = 0; // kDictOrdered
+  std::vector<PyObject*> ordered_keys_; // strong; kDictOrdered: every key, in order
+  std::vector<Record> records_; // sorted by locator
+  std::vector<int64_t> shape_;
+  std::vector<MarkExpectation> marks_; // strong refs inside
+  std::vector<std::string> names_; // per record, e.g. L['xs'][3]
+  std::vector<PyTypeObject*> tensor_types_; // distinct record types (borrowed)
+  std::vector<unsigned int> type_versions_; // version tag at last verification
+  PyObject* group_object_ = nullptr; // strong; TensorAliasingGroup object
+  TensorAliasingGroup* group_ = nullptr;
+  int participant_ = -1;
+  std::vector<PyObject*> elements_; // scratch: borrowed, valid during one check
+
+ private:
+  template <bool kVerbose>
+  bool run(PyObject* container, Mismatch* out);
+  template <bool kVerbose>
+  bool check_record(
+      const Record& r,
+      PyObject* obj,
+      DispatchState& ds,
+      TensorAliasingGroup::Participant* aliasing,
+      Mismatch* out);
+  bool check_types(Mismatch* out);
+  void prefetch_ahead(PyObject* const* elements, Py_ssize_t i) const;
+  template <bool kVerbose>
+  bool gather(PyObject* container, Mismatch* out);
+  bool marks_match(const Record& r, PyObject* obj, int* attr_out);
+  bool mark_matches(const Record& r, int a, PyObject* present);
+  bool scan_marks(const Record& r, PyObject* dict, int* attr_out);
+};
+
+TensorContainerGuard::~TensorContainerGuard() {
+  for (Record& r : records_) {
+    Py_XDECREF(r.pytype);
+    Py_XDECREF(r.key);
+  }
+  for (MarkExpectation& m : marks_) {
+    for (PyObject* o : m.subset_of) {
+      Py_XDECREF(o);
+    }
+  }
+  for (PyObject* k : ordered_keys_) {
+    Py_XDECREF(k);
+  }
+  Py_XDECREF(dict_type_);
+  Py_XDECREF(group_object_);
+}
+
+// The dimension-marking attributes can only come from the instance __dict__ as
+// long as the tensor types do not define them; verify that once per type
+// version, not per tensor.
+bool TensorContainerGuard::check_types(Mismatch* out) {
+  for (size_t i = 0; i < tensor_types_.size(); i++) {
+    PyTypeObject* type = tensor_types_[i];
+    unsigned int version = valid_version_tag(type);
+    if (version != 0 && version == type_versions_[i]) {
+      continue;
+    }
+    if (type_may_have_mark_attrs(type)) {
+      if (out != nullptr) {
+        out->field = Field::kDimMarking;
+        out->value = reinterpret_cast<PyObject*>(type);
+      }
+      return false;
+    }
+    type_versions_[i] = valid_version_tag(type);
+  }
+  return true;
+}
+
+// Which dimension-marking attribute a key of an instance __dict__ is: an index,
+// -1 for none, -2 when only a real dict lookup can tell (not an exact str).
+int mark_attr_index(PyObject* key) {
+  for (int a = 0; a < kNumMarkAttrs; a++) {
+    if (key == g_mark_attr_names[a]) {
+      return a;
+    }
+  }
+  if (!PyUnicode_CheckExact(key)) {
+    return -2;
+  }
+  if (PyUnicode_CHECK_INTERNED(key)) {
+    return -1; // the names are interned: an equal interned string is the same object
+  }
+  for (int a = 0; a < kNumMarkAttrs; a++) {
+    if (PyUnicode_Compare(key, g_mark_attr_names[a]) == 0) {
+      return a;
+    }
+  }
+  PyErr_Clear();
+  return -1;
+}
+
+// Dynamo's marking APIs store sets of ints. For those, issubset runs no Python
+// code; for anything else it could, in the middle of a check over borrowed
+// references, so such a value does not match (a recompile, never a wrong accept).
+bool is_set_of_ints(PyObject* obj) {
+  if (!PyAnySet_CheckExact(obj)) {
+    return false;
+  }
+  PyObject* it = PyObject_GetIter(obj);
+  if (it == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool ints = true;
+  while (PyObject* item = PyIter_Next(it)) {
+    ints &= PyLong_CheckExact(item);
+    Py_DECREF(item);
+  }
+  Py_DECREF(it);
+  PyErr_Clear();
+  return ints;
+}
+
+bool TensorContainerGuard::mark_matches(const Record& r, int a, PyObject* present) {
+  PyObject* expected = r.marks < 0 ? nullptr : marks_[r.marks].subset_of[a];
+  if (expected == nullptr) {
+    return false; // compiled without the attribute: a new marking recompiles
+  }
+  if (!is_set_of_ints(present)) {
+    return false;
+  }
+  PyObject* ok = PyObject_CallMethodOneArg(present, g_issubset_name, expected);
+  if (ok == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  int truth = PyObject_IsTrue(ok);
+  Py_DECREF(ok);
+  PyErr_Clear();
+  return truth == 1;
+}
+
+// DIMENSION_DYNAMIC_MARKING_GUARD: an attribute that was absent at compile time
+// must still be absent; one that was present must be absent or a subset of the
+// compiled one. Tensors usually have no instance attributes at all; Dynamo gives
+// parameters one (_dynamo_static_input_type), so the __dict__ is scanned once
+// instead of being probed for each of the five names.
+bool TensorContainerGuard::marks_match(const Record& r, PyObject* obj, int* attr_out) {
+  PyObject* dict = instance_dict(obj);
+  if (dict == nullptr) {
+    return true; // absent is always accepted
+  }
+  const uint64_t version = dict_version(dict);
+  if (version != 0 && version == r.passed_dict_version) {
+    return true;
+  }
+  if (!scan_marks(r, dict, attr_out)) {
+    return false;
+  }
+  r.passed_dict_version = version;
+  return true;
+}
+
+bool TensorContainerGuard::scan_marks(const Record& r, PyObject* dict, int* attr_out) {
+  Py_ssize_t pos = 0;
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  bool needs_lookups = false;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    int a = mark_attr_index(key);
+    if (a == -2) {
+      needs_lookups = true;
+    } else if (a >= 0 && !mark_matches(r, a, value)) {
+      *attr_out = a;
+      return false;
+    }
+  }
+  if (!needs_lookups) {
+    return true;
+  }
+  for (int a = 0; a < kNumMarkAttrs; a++) {
+    PyObject* present = PyDict_GetItemWithError(dict, g_mark_attr_names[a]);
+    if (present == nullptr && PyErr_Occurred()) {
+      PyErr_Clear();
+      *attr_out = a;
+      return false;
+    }
+    if (present != nullptr && !mark_matches(r, a, present)) {
+      *attr_out = a;
+      return false;
+    }
+  }
+  return true;
+}
+
+template <bool kVerbose>
+__attribute__((flatten)) bool TensorContainerGuard::check_record(
+    const Record& r,
+    PyObject* obj,
+    DispatchState& ds,
+    TensorAliasingGroup::Participant* aliasing,
+    Mismatch* out) {
+  auto fail = [&](Field f, int dim = -1) {
+    if constexpr (kVerbose) {
+      out->field = f;
+      out->dim = dim;
+      out->value = obj;
+    }
+    return false;
+  };
+  if (Py_TYPE(obj) != r.pytype) {
+    return fail(Field::kType);
+  }
+  c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
+  if (ds.apply(impl->key_set()).raw_repr() != r.dispatch_keys) {
+    return fail(Field::kDispatchKeys);
+  }
+  if (impl->dtype().toScalarType() != r.dtype) {
+    return fail(Field::kDtype);
+  }
+  if (impl->device().index() != r.device_index) {
+    return fail(Field::kDevice);
+  }
+  if (impl->requires_grad() != r.requires_grad) {
+    return fail(Field::kRequiresGrad);
+  }
+  // The dispatch keys matched a dense strided tensor's, so sizes and strides
+  // exist; guard against surprises (a throwing custom sizes policy) anyway.
+  try {
+    c10::SymIntArrayRef sizes = impl->sym_sizes();
+    if (static_cast<int64_t>(sizes.size()) != r.rank) {
+      return fail(Field::kRank);
+    }
+    const int64_t* expected = shape_.data() + r.shape_offset;
+    for (int32_t d = 0; d < r.rank; d++) {
+      if (expected[d] != kUnchecked && !symint_equals(sizes[d], expected[d])) {
+        return fail(Field::kSize, d);
+      }
+    }
+    c10::SymIntArrayRef strides = impl->sym_strides();
+    expected += r.rank;
+    for (int32_t d = 0; d < r.rank; d++) {
+      if (expected[d] != kUnchecked && !symint_equals(strides[d], expected[d])) {
+        return fail(Field::kStride, d);
+      }
+    }
+  } catch (const std::exception&) {
+    return fail(Field::kRank);
+  }
+  int attr = -1;
+  if (!marks_match(r, obj, &attr)) {
+    return fail(Field::kDimMarking, attr);
+  }
+  if (r.alias_slot >= 0) {
+    record_identity(*aliasing, r.alias_slot, obj);
+  }
+  return true;
+}
+
+// The loop is bound by loads from objects scattered over the heap: the Python
+// object, its TensorImpl, the instance __dict__ (Dynamo leaves an empty one on
+// every input it traced) and, for tensors that require grad, the AutogradMeta.
+// Prefetch them in three stages, each from pointers an earlier stage brought in.
+// elements[i] is the object to check against records_[i].
+void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t i)
+    const {
+  constexpr Py_ssize_t kObjectAhead = 16;
+  constexpr Py_ssize_t kImplAhead = 8;
+  constexpr Py_ssize_t kIndirectAhead = 4;
+  constexpr Py_ssize_t kIndirectMinRecords = 2048;
+  const Py_ssize_t n = static_cast<Py_ssize_t>(records_.size());
+  if (i + kObjectAhead < n) {
+    const char* obj = reinterpret_cast<const char*>(elements[i + kObjectAhead]);
+    __builtin_prefetch(obj);
+    __builtin_prefetch(obj - 32); // GC header and the managed __dict__ pointer
+  }
+  if (i + kImplAhead < n) {
+    PyObject* obj = elements[i + kImplAhead];
+    if (Py_TYPE(obj) == records_[i + kImplAhead].pytype) {
+      const char* impl =
+          reinterpret_cast<const char*>(THPVariable_Unpack(obj).unsafeGetTensorImpl());
+      for (int line = 0; line < 4; line++) {
+        __builtin_prefetch(impl + 64 * line);
+      }
+    }
+  }
+  // Two calls per element: worth it only once the container's data no longer
+  // stays in the core's cache between checks.
+  if (n >= kIndirectMinRecords && i + kIndirectAhead < n) {
+    PyObject* obj = elements[i + kIndirectAhead];
+    const Record& r = records_[i + kIndirectAhead];
+    if (Py_TYPE(obj) == r.pytype) {
+      PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
+      if (dict_ptr != nullptr && *dict_ptr != nullptr) {
+        __builtin_prefetch(*dict_ptr);
+      }
+      if (r.requires_grad) {
+        const char* meta = reinterpret_cast<const char*>(
+            THPVariable_Unpack(obj).unsafeGetTensorImpl()->autograd_meta());
+        if (meta != nullptr) {
+          __builtin_prefetch(meta);
+          __builtin_prefetch(meta + 64);
+        }
+      }
+    }
+  }
+}
+
+// Collects into elements_ the object each record is checked against. Reads only
+// the container (and dict keys), never an element, so it is cheap and lets the
+// check loop prefetch. No Python code runs during a check, so these borrowed
+// references stay valid.
+template <bool kVerbose>
+bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
+  auto fail = [&](Field f, Py_ssize_t record = -1) {
+    if constexpr (kVerbose) {
+      out->field = f;
+      out->record = record;
+      out->value = container;
+    }
+    return false;
+  };
+  const Py_ssize_t n = static_cast<Py_ssize_t>(records_.size());
+  elements_.resize(n);
+  switch (kind_) {
+    case Kind::kList:
+    case Kind::kTuple: {
+      PyObject** items = nullptr;
+      Py_ssize_t size = 0;
+      if (kind_ == Kind::kList) {
+        if (!PyList_Check(container)) {
+          return fail(Field::kContainerType);
+        }
+        items = reinterpret_cast<PyListObject*>(container)->ob_item;
+        size = PyList_GET_SIZE(container);
+      } else {
+        if (!PyTuple_Check(container)) {
+          return fail(Field::kContainerType);
+        }
+        items = reinterpret_cast<PyTupleObject*>(container)->ob_item;
+        size = PyTuple_GET_SIZE(container);
+      }
+      for (Py_ssize_t i = 0; i < n; i++) {
+        if (records_[i].locator >= size) {
+          return fail(Field::kMissing, i);
+        }
+        elements_[i] = items[records_[i].locator];
+      }
+      return true;
+    }
+    case Kind::kDictLookup: {
+      // Same answer as one PyDict lookup per key (DictGetItemGuardAccessor);
+      // walking the entries in order and comparing key pointers is the fast path.
+      if (!PyDict_Check(container)) {
+        return fail(Field::kContainerType);
+      }
+      Py_ssize_t pos = 0;
+      Py_ssize_t position = 0;
+      Py_ssize_t i = 0;
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      while (i < n && PyDict_Next(container, &pos, &key, &value)) {
+        const Record& r = records_[i];
+        if (r.locator == position) {
+          elements_[i] = key == r.key ? value : PyDict_GetItemWithError(container, r.key);
+          if (elements_[i] == nullptr) {
+            PyErr_Clear();
+            return fail(Field::kMissing, i);
+          }
+          i++;
+        }
+        position++;
+      }
+      for (; i < n; i++) { // the dict got shorter: plain lookups
+        elements_[i] = PyDict_GetItemWithError(container, records_[i].key);
+        if (elements_[i] == nullptr) {
+          PyErr_Clear();
+          return fail(Field::kMissing, i);
+        }
+      }
+      return true;
+    }
+    case Kind::kDictOrdered: {
+      // What DictGuardManager + a key manager per key check: exact type, size,
+      // and the key at every position (EQUALS_MATCH).
+      if (Py_TYPE(container) != dict_type_) {
+        return fail(Field::kContainerType);
+      }
+      if (PyDict_GET_SIZE(container) != dict_size_) {
+        return fail(Field::kContainerLength);
+      }
+      Py_ssize_t pos = 0;
+      Py_ssize_t position = 0;
+      Py_ssize_t i = 0;
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      while (PyDict_Next(container, &pos, &key, &value)) {
+        PyObject* expected_key = ordered_keys_[position];
+        if (key != expected_key) {
+          // Keys are exact int or str, so no Python code runs.
+          bool equal = Py_TYPE(key) == Py_TYPE(expected_key) &&
+              PyObject_RichCompareBool(key, expected_key, Py_EQ) == 1;
+          if (!equal) {
+            PyErr_Clear();
+            if constexpr (kVerbose) {
+              out->field = Field::kKey;
+              out->position = position;
+              out->value = key;
+            }
+            return false;
+          }
+        }
+        if (i < n && records_[i].locator == position) {
+          elements_[i++] = value;
+        }
+        position++;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+template <bool kVerbose>
+bool TensorContainerGuard::run(PyObject* container, Mismatch* out) {
+  if (!check_types(kVerbose ? out : nullptr)) {
+    return false;
+  }
+  if (!gather<kVerbose>(container, out)) {
+    return false;
+  }
+  DispatchState ds;
+  TensorAliasingGroup::Participant* alias =
+      group_ != nullptr ? &group_->participant(participant_) : nullptr;
+  PyObject* const* elements = elements_.data();
+  const Py_ssize_t n = static_cast<Py_ssize_t>(records_.size());
+  for (Py_ssize_t i = 0; i < n; i++) {
+    prefetch_ahead(elements, i);
+    if (!check_record<kVerbose>(records_[i], elements[i], ds, alias, out)) {
+      if constexpr (kVerbose) {
+        out->record = i;
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+bool TensorContainerGuard::check(PyObject* container) {
+  return run<false>(container, nullptr);
+}
+
+Mismatch TensorContainerGuard::find_mismatch(PyObject* container) {
+  Mismatch m;
+  if (run<true>(container, &m)) {
+    m.field = Field::kNone;
+  }
+  return m;
+}
+
+std::string py_repr(PyObject* obj) {
+  if (obj == nullptr) {
+    return "<null>";
+  }
+  PyObject* r = PyObject_Repr(obj);
+  if (r == nullptr) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  const char* s = PyUnicode_AsUTF8(r);
+  std::string out = s != nullptr ? s : "<unprintable>";
+  Py_DECREF(r);
+  PyErr_Clear();
+  return out;
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  THPDtype* d = torch::getTHPDtype(t);
+  return d != nullptr ? std::string(d->name) : std::string(c10::toString(t));
+}
+
+std::string key_set_repr(c10::DispatchKeySet ks) {
+  std::ostringstream os;
+  os << ks;
+  return os.str();
+}
+
+std::string TensorContainerGuard::describe(const Mismatch& m) {
+  std::ostringstream os;
+  if (m.record < 0) {
+    os << container_name_ << ": ";
+    switch (m.field) {
+      case Field::kContainerType:
+        os << "type changed to " << Py_TYPE(m.value)->tp_name;
+        break;
+      case Field::kContainerLength:
+        os << "length changed " << dict_size_ << " -> " << PyDict_GET_SIZE(m.value);
+        break;
+      case Field::kKey:
+        os << "key at position " << m.position << " changed "
+           << py_repr(ordered_keys_[m.position]) << " -> " << py_repr(m.value);
+        break;
+      case Field::kDimMarking:
+        os << "type " << reinterpret_cast<PyTypeObject*>(m.value)->tp_name
+           << " now defines a dimension-marking attribute or __getattr__";
+        break;
+      default:
+        os << "check failed";
+    }
+    return os.str();
+  }
+  const Record& r = records_[m.record];
+  os << names_[m.record] << ": ";
+  if (m.field == Field::kMissing) {
+    os << "missing from the container";
+    return os.str();
+  }
+  if (m.field == Field::kType) {
+    os << "type changed " << _PyType_Name(r.pytype) << " -> "
+       << _PyType_Name(Py_TYPE(m.value));
+    return os.str();
+  }
+  c10::TensorImpl* impl = THPVariable_Unpack(m.value).unsafeGetTensorImpl();
+  switch (m.field) {
+    case Field::kDispatchKeys: {
+      DispatchState ds;
+      os << "dispatch key set changed "
+         << key_set_repr(c10::DispatchKeySet(c10::DispatchKeySet::RAW, r.dispatch_keys))
+         << " -> " << key_set_repr(ds.apply(impl->key_set()));
+      break;
+    }
+    case Field::kDtype:
+      os << "dtype changed " << dtype_name(r.dtype) << " -> "
+         << dtype_name(impl->dtype().toScalarType());
+      break;
+    case Field::kDevice:
+      os << "device index changed " << static_cast<int>(r.device_index) << " -> "
+         << static_cast<int>(impl->device().index());
+      break;
+    case Field::kRequiresGrad:
+      os << "requires_grad changed " << (r.requires_grad ? "True" : "False") << " -> "
+         << (impl->requires_grad() ? "True" : "False");
+      break;
+    case Field::kRank:
+      os << "rank changed " << r.rank << " -> " << impl->dim();
+      break;
+    case Field::kSize:
+      os << "size[" << m.dim << "] changed " << shape_[r.shape_offset + m.dim] << " -> "
+         << impl->sym_sizes()[m.dim];
+      break;
+    case Field::kStride:
+      os << "stride[" << m.dim << "] changed "
+         << shape_[r.shape_offset + r.rank + m.dim] << " -> "
+         << impl->sym_strides()[m.dim];
+      break;
+    case Field::kDimMarking: {
+      const char* attr = m.dim >= 0 ? kMarkAttrNames[m.dim] : "dimension marking";
+      bool expected = r.marks >= 0 && m.dim >= 0 && marks_[r.marks].subset_of[m.dim];
+      if (expected) {
+        os << attr << " is not a subset of "
+           << py_repr(marks_[r.marks].subset_of[m.dim]);
+      } else {
+        os << attr << " was set after compilation";
+      }
+      break;
+    }
+    default:
+      os << "check failed";
+  }
+  if (std::strcmp(_PyType_Name(r.pytype), "Parameter") == 0 &&
+      (m.field == Field::kSize || m.field == Field::kStride)) {
+    os << " (a parameter; torch._dynamo.config.force_parameter_static_shapes = False "
+          "allows dynamic shapes on parameters)";
+  }
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------
+// Python objects.
+
+struct GuardObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  TensorContainerGuard* guard;
+};
+
+struct GroupObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  TensorAliasingGroup* group;
+};
+
+struct SlotObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* group_object; // strong
+  TensorAliasingGroup* group;
+  int participant; // with one entry
+};
+
+PyTypeObject GuardType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject GroupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject SlotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* one_arg(PyObject* const* args, size_t nargsf, PyObject* kwnames, const char* what) {
+  if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
+    PyErr_Format(PyExc_TypeError, "%s takes exactly one positional argument", what);
+    return nullptr;
+  }
+  return args[0];
+}
+
+PyObject* guard_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames) {
+  PyObject* container = one_arg(args, nargsf, kwnames, "TensorContainerGuard");
+  if (container == nullptr) {
+    return nullptr;
+  }
+  if (reinterpret_cast<GuardObject*>(self)->guard->check(container)) {
+    Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* guard_explain(PyObject* self, PyObject* container) {
+  TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
+  Mismatch m = g->find_mismatch(container);
+  if (m.field == Field::kNone) {
+    Py_RETURN_TRUE;
+  }
+  return PyUnicode_FromString(g->describe(m).c_str());
+}
+
+PyObject* guard_len(PyObject* self, PyObject*) {
+  return PyLong_FromSsize_t(
+      static_cast<Py_ssize_t>(reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
+}
+
+void guard_dealloc(PyObject* self) {
+  delete reinterpret_cast<GuardObject*>(self)->guard;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyMethodDef guard_methods[] = {
+    {"explain",
+     guard_explain,
+     METH_O,
+     "explain(container) -> True, or why the container no longer matches"},
+    {"num_tensors", guard_len, METH_NOARGS, "number of tensors checked"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyObject* group_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames) {
+  // Installed as an epilogue guard: the argument (the frame locals) is unused.
+  if (reinterpret_cast<GroupObject*>(self)->group->check()) {
+    Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* group_explain(PyObject* self, PyObject* const*, Py_ssize_t) {
+  std::string d = reinterpret_cast<GroupObject*>(self)->group->describe_duplicate();
+  if (d.empty()) {
+    Py_RETURN_TRUE;
+  }
+  return PyUnicode_FromString(d.c_str());
+}
+
+PyObject* group_num_tensors(PyObject* self, PyObject*) {
+  return PyLong_FromSize_t(reinterpret_cast<GroupObject*>(self)->group->num_tensors());
+}
+
+PyObject* slot_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames);
+
+PyObject* group_add_tensor(PyObject* self, PyObject* name) {
+  if (!PyUnicode_Check(name)) {
+    PyErr_SetString(PyExc_TypeError, "add_tensor(name: str)");
+    return nullptr;
+  }
+  TensorAliasingGroup* group = reinterpret_cast<GroupObject*>(self)->group;
+  int p = group->add_participant({PyUnicode_AsUTF8(name)});
+  SlotObject* slot = PyObject_New(SlotObject, &SlotType);
+  if (slot == nullptr) {
+    return nullptr;
+  }
+  slot->vectorcall = slot_vectorcall;
+  Py_INCREF(self);
+  slot->group_object = self;
+  slot->group = group;
+  slot->participant = p;
+  return reinterpret_cast<PyObject*>(slot);
+}
+
+void group_dealloc(PyObject* self) {
+  delete reinterpret_cast<GroupObject*>(self)->group;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
+    PyErr_SetString(PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
+    return nullptr;
+  }
+  GroupObject* self = reinterpret_cast<GroupObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->vectorcall = group_vectorcall;
+  self->group = new TensorAliasingGroup();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+PyMethodDef group_methods[] = {
+    {"explain",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(group_explain)),
+     METH_FASTCALL,
+     "explain(*args) -> True, or which two entries were the same tensor in the last check"},
+    {"add_tensor",
+     group_add_tensor,
+     METH_O,
+     "add_tensor(name) -> a guard that records one tensor's identity for this group"},
+    {"num_tensors", group_num_tensors, METH_NOARGS, "number of tensors in the group"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyObject* slot_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames) {
+  PyObject* tensor = one_arg(args, nargsf, kwnames, "TensorAliasingGroup slot");
+  if (tensor == nullptr) {
+    return nullptr;
+  }
+  SlotObject* slot = reinterpret_cast<SlotObject*>(self);
+  record_identity(slot->group->participant(slot->participant), 0, tensor);
+  Py_RETURN_TRUE;
+}
+
+void slot_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<SlotObject*>(self)->group_object);
+  Py_TYPE(self)->tp_free(self);
+}
+
+void ready_type(
+    PyTypeObject& type,
+    const char* name,
+    size_t size,
+    size_t vectorcall_offset,
+    destructor dealloc,
+    PyMethodDef* methods,
+    const char* doc,
+    newfunc tp_new = nullptr) {
+  type.tp_name = name;
+  type.tp_new = tp_new;
+  type.tp_basicsize = static_cast<Py_ssize_t>(size);
+  type.tp_dealloc = dealloc;
+  type.tp_vectorcall_offset = static_cast<Py_ssize_t>(vectorcall_offset);
+  type.tp_call = PyVectorcall_Call;
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_methods = methods;
+  type.tp_doc = doc;
+  if (PyType_Ready(&type) < 0) {
+    throw py::error_already_set();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Construction (slow path, pybind11 for argument handling).
+
+PyObject* new_ref(py::handle h) {
+  Py_INCREF(h.ptr());
+  return h.ptr();
+}
+
+std::vector<int64_t> shape_entries(const py::sequence& values) {
+  std::vector<int64_t> out;
+  out.reserve(values.size());
+  for (py::handle v : values) {
+    out.push_back(v.is_none() ? kUnchecked : v.cast<int64_t>());
+  }
+  return out;
+}
+
+Kind parse_kind(const std::string& kind) {
+  if (kind == "list") {
+    return Kind::kList;
+  }
+  if (kind == "tuple") {
+    return Kind::kTuple;
+  }
+  if (kind == "dict_lookup") {
+    return Kind::kDictLookup;
+  }
+  if (kind == "dict_ordered") {
+    return Kind::kDictOrdered;
+  }
+  throw py::value_error("unknown container kind: " + kind);
+}
+
+py::object make_tensor_container_guard(
+    const std::string& kind,
+    const std::string& container_name,
+    const py::object& dict_type,
+    const py::object& ordered_keys,
+    const py::list& elements,
+    const py::object& aliasing_group) {
+  auto guard = std::make_unique<TensorContainerGuard>();
+  guard->kind_ = parse_kind(kind);
+  guard->container_name_ = container_name;
+
+  if (guard->kind_ == Kind::kDictOrdered) {
+    if (!PyType_Check(dict_type.ptr())) {
+      throw py::type_error("dict_ordered needs the dict type");
+    }
+    guard->dict_type_ = reinterpret_cast<PyTypeObject*>(dict_type.inc_ref().ptr());
+    for (py::handle key : py::cast<py::sequence>(ordered_keys)) {
+      if (!PyLong_CheckExact(key.ptr()) && !PyUnicode_CheckExact(key.ptr())) {
+        throw py::type_error("dict_ordered keys must be exact int or str");
+      }
+      guard->ordered_keys_.push_back(new_ref(key));
+    }
+    guard->dict_size_ = static_cast<Py_ssize_t>(guard->ordered_keys_.size());
+  }
+
+  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name)
+  DispatchState build_state;
+  std::vector<std::string> alias_names;
+  Py_ssize_t previous_locator = -1;
+  for (py::handle item : elements) {
+    auto e = py::cast<py::tuple>(item);
+    if (e.size() != 8) {
+      throw py::value_error("element must be an 8-tuple");
+    }
+    PyObject* tensor = e[2].ptr();
+    if (!THPVariable_Check(tensor)) {
+      throw py::type_error("element tensor must be a torch.Tensor");
+    }
+    const at::Tensor& t = THPVariable_Unpack(tensor);
+    Py_ssize_t locator = e[0].cast<Py_ssize_t>();
+    if (locator <= previous_locator) {
+      throw py::value_error("elements must be sorted by locator, without duplicates");
+    }
+    previous_locator = locator;
+    // The guard owns the record's references from here on, also on errors.
+    guard->records_.push_back(Record{});
+    Record& r = guard->records_.back();
+    r.locator = locator;
+    r.key = e[1].is_none() ? nullptr : new_ref(e[1]);
+    Py_INCREF(Py_TYPE(tensor));
+    r.pytype = Py_TYPE(tensor);
+    r.dispatch_keys = build_state.apply(t.key_set()).raw_repr();
+    r.dtype = t.scalar_type();
+    r.device_index = t.device().index();
+    r.requires_grad = t.requires_grad();
+    std::vector<int64_t> sizes = shape_entries(py::cast<py::sequence>(e[3]));
+    std::vector<int64_t> strides = shape_entries(py::cast<py::sequence>(e[4]));
+    if (sizes.size() != static_cast<size_t>(t.dim()) || strides.size() != sizes.size()) {
+      throw py::value_error("sizes/strides do not match the tensor's rank");
+    }
+    r.rank = static_cast<int32_t>(sizes.size());
+    r.shape_offset = static_cast<uint32_t>(guard->shape_.size());
+    guard->shape_.insert(guard->shape_.end(), sizes.begin(), sizes.end());
+    guard->shape_.insert(guard->shape_.end(), strides.begin(), strides.end());
+    r.marks = -1;
+    if (!e[5].is_none()) {
+      auto marks = py::cast<py::tuple>(e[5]);
+      if (marks.size() != kNumMarkAttrs) {
+        throw py::value_error("marks must have one entry per dimension-marking attribute");
+      }
+      MarkExpectation m{};
+      for (int a = 0; a < kNumMarkAttrs; a++) {
+        if (!marks[a].is_none() && !is_set_of_ints(marks[a].ptr())) {
+          throw py::value_error("dimension markings must be sets of ints");
+        }
+      }
+      for (int a = 0; a < kNumMarkAttrs; a++) {
+        m.subset_of[a] = marks[a].is_none() ? nullptr : new_ref(marks[a]);
+      }
+      r.marks = static_cast<int32_t>(guard->marks_.size());
+      guard->marks_.push_back(m);
+    }
+    std::string name = e[7].cast<std::string>();
+    if (e[6].cast<bool>()) {
+      r.alias_slot = static_cast<int32_t>(alias_names.size());
+      alias_names.push_back(name);
+    } else {
+      r.alias_slot = -1;
+    }
+    bool known_type = false;
+    for (PyTypeObject* seen : guard->tensor_types_) {
+      known_type |= seen == r.pytype;
+    }
+    if (!known_type) {
+      if (type_may_have_mark_attrs(r.pytype)) {
+        throw py::value_error("tensor type defines dimension-marking attributes");
+      }
+      guard->tensor_types_.push_back(r.pytype);
+      guard->type_versions_.push_back(valid_version_tag(r.pytype));
+    }
+    guard->names_.push_back(std::move(name));
+  }
+
+  if (!alias_names.empty()) {
+    if (aliasing_group.is_none() || Py_TYPE(aliasing_group.ptr()) != &GroupType) {
+      throw py::type_error("tensors that take part in no-aliasing need a TensorAliasingGroup");
+    }
+    guard->group_object_ = aliasing_group.inc_ref().ptr();
+    guard->group_ = reinterpret_cast<GroupObject*>(aliasing_group.ptr())->group;
+    guard->participant_ = guard->group_->add_participant(std::move(alias_names));
+  }
+
+  GuardObject* obj = PyObject_New(GuardObject, &GuardType);
+  if (obj == nullptr) {
+    throw py::error_already_set();
+  }
+  obj->vectorcall = guard_vectorcall;
+  obj->guard = guard.release();
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
+}
+
+} // namespace
+
+void init_tensor_container_guard(py::module_& m) {
+  for (int a = 0; a < kNumMarkAttrs; a++) {
+    g_mark_attr_names[a] = PyUnicode_InternFromString(kMarkAttrNames[a]);
+  }
+  g_issubset_name = PyUnicode_InternFromString("issubset");
+  g_mode_flag_name =
+      PyUnicode_InternFromString("_is_in_any_mode_without_ignore_compile_internals");
+  py::module_ dispatch = py::module_::import("torch.utils._python_dispatch");
+  g_python_dispatch_dict = new_ref(dispatch.attr("__dict__"));
+
+  ready_type(
+      GuardType,
+      "torch._dynamo._guard_accel.TensorContainerGuard",
+      sizeof(GuardObject),
+      offsetof(GuardObject, vectorcall),
+      guard_dealloc,
+      guard_methods,
+      "TensorContainerGuard(container) -> bool: TENSOR_MATCH and dimension-marking "
+      "checks for every tensor of one list, tuple or dict");
+  ready_type(
+      GroupType,
+      "torch._dynamo._guard_accel.TensorAliasingGroup",
+      sizeof(GroupObject),
+      offsetof(GroupObject, vectorcall),
+      group_dealloc,
+      group_methods,
+      "TensorAliasingGroup(): the no-aliasing guard of one frame; call it (as an "
+      "epilogue guard) after its participants recorded their tensors",
+      group_new);
+  ready_type(
+      SlotType,
+      "torch._dynamo._guard_accel.TensorAliasingSlot",
+      sizeof(SlotObject),
+      offsetof(SlotObject, vectorcall),
+      slot_dealloc,
+      nullptr,
+      "records one tensor's identity for its TensorAliasingGroup; always True");
+
+  m.attr("TensorContainerGuard") = py::handle(reinterpret_cast<PyObject*>(&GuardType));
+  m.attr("TensorAliasingGroup") = py::handle(reinterpret_cast<PyObject*>(&GroupType));
+  m.attr("TensorAliasingSlot") = py::handle(reinterpret_cast<PyObject*>(&SlotType));
+  m.attr("MARK_ATTRS") = py::make_tuple(
+      kMarkAttrNames[0], kMarkAttrNames[1], kMarkAttrNames[2], kMarkAttrNames[3],
+      kMarkAttrNames[4]);
+  m.def(
+      "make_tensor_container_guard",
+      &make_tensor_container_guard,
+      py::arg("kind"),
+      py::arg("container_name"),
+      py::arg("dict_type"),
+      py::arg("ordered_keys"),
+      py::arg("elements"),
+      py::arg("aliasing_group"),
+      "Build a TensorContainerGuard. kind: list, tuple, dict_lookup or dict_ordered; "
+      "elements: (locator, key, tensor, sizes, strides, marks, aliasing, name) sorted "
+      "by locator, sizes/strides entries None for dynamic dimensions, marks None or "
+      "one set-or-None per MARK_ATTRS entry.");
+}
+
+} // namespace dynapatch

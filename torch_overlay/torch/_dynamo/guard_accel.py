@@ -1,0 +1,444 @@
+"""One native guard for each large list, tuple or dict of tensors.
+
+Stock Dynamo gives every tensor of a container its own node in the guard tree: an
+accessor (``xs[i]``), a TENSOR_MATCH leaf, a DIMENSION_DYNAMIC_MARKING_GUARD leaf and
+a share of the relational NO_TENSOR_ALIASING guard. A container of 1,000 tensors
+costs about 100 us per guard check and 10,000 tensors several ms, on every call.
+
+For containers of at least ``config.tensor_container_guard_min_size`` tensors, this
+module replaces those nodes with one ``TensorContainerGuard`` leaf on the container's
+node (``torch._dynamo._guard_accel``, C++): it keeps what TENSOR_MATCH and the
+dimension-marking guard check about each tensor as flat records and compares a whole
+container in one loop. All tensors of the frame that stock Dynamo puts under the
+no-aliasing guard are then checked by one ``TensorAliasingGroup`` instead, run as an
+epilogue guard: a pointer compare when nothing changed, a hash set otherwise.
+
+The guard builder calls in at four points (guards.py):
+
+* ``CheckFunctionManager.build_guards``: ``plan_tensor_containers`` picks the
+  containers before any guard is created;
+* ``GuardBuilder.TENSOR_MATCH``: a tensor of a planned container is recorded by
+  ``TensorContainerPlan.add_tensor`` instead of getting its own node;
+* ``GuardBuilder.DICT_KEYS_MATCH``: the key-order guards of a planned dict are left
+  to its container guard (``TensorContainerPlan.owns_dict_keys``);
+* ``compile_check_fn``: ``install_tensor_container_guards`` adds the guards.
+
+Without the extension (or with ``config.tensor_container_guards = False``) nothing
+changes: stock guards are used, and a missing extension is reported once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import warnings
+from typing import Any, TYPE_CHECKING
+
+import torch
+
+from . import config
+from .source import (
+    AttrSource,
+    ConstDictKeySource,
+    DictGetItemSource,
+    DictSubclassGetItemSource,
+    GetItemSource,
+    GlobalSource,
+    is_from_unspecialized_builtin_nn_module_source,
+    ListGetItemSource,
+    LocalSource,
+    NumpyTensorSource,
+)
+from .utils import builtin_dict_keys, istype
+
+
+if TYPE_CHECKING:
+    from torch._guards import Guard, Source
+
+    from .guards import GuardBuilder
+
+
+log = logging.getLogger(__name__)
+
+# Exact tensor types the native guard handles; subclasses keep stock guards.
+TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Dict keys whose comparison runs no Python code.
+SIMPLE_KEY_TYPES = (str, int)
+# The tensor attribute that makes DIMENSION_DYNAMIC_MARKING_GUARD check further
+# attributes (_dynamo_shape_ids, _dynamo_unbacked_bounds); such tensors keep stock guards.
+UNBACKED_MARK = "_dynamo_unbacked_indices"
+
+_extension: Any = None
+_extension_checked = False
+
+
+def extension() -> Any:
+    """The native module, or None (warns once) when it is missing."""
+    global _extension, _extension_checked
+    if not _extension_checked:
+        _extension_checked = True
+        try:
+            _extension = importlib.import_module("torch._dynamo._guard_accel")
+        except ImportError as e:
+            warnings.warn(
+                "torch._dynamo._guard_accel is not available "
+                f"({e}); tensor containers are guarded with stock guards",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return _extension
+
+
+@dataclasses.dataclass
+class _Container:
+    source: Source
+    name: str
+    kind: str  # "list", "tuple", "dict_lookup" or "dict_ordered"
+    value: Any
+    # guard name -> (locator, dict key); locator is the list index or dict position
+    members: dict[str, tuple[int, Any]] = dataclasses.field(default_factory=dict)
+    locators: set[int] = dataclasses.field(default_factory=set)
+    # (locator, key, tensor, sizes, strides, marks, aliasing, name), by add_tensor
+    records: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    guard: Guard | None = None
+    diff_source: bool = False  # has a non-Parameter tensor (see TENSOR_MATCH)
+
+
+class TensorContainerPlan:
+    """The containers of one frame whose tensors get a TensorContainerGuard."""
+
+    def __init__(self, extension: Any, containers: list[_Container]) -> None:
+        self.extension = extension
+        self.containers = containers
+        self._by_member = {
+            member: c for c in containers for member in c.members
+        }
+        self._ordered_dicts = {
+            c.name for c in containers if c.kind == "dict_ordered"
+        }
+        self.closure_vars: dict[str, Any] = {}
+
+    def add_tensor(self, builder: GuardBuilder, guard: Guard, value: Any) -> bool:
+        """Record a TENSOR_MATCH of a planned container; False: build it as usual."""
+        container = self._by_member.get(guard.name)
+        if container is None:
+            return False
+        from .guards import convert_to_concrete_values
+
+        locator, key = container.members[guard.name]
+        output_graph = builder.check_fn_manager.output_graph
+        if output_graph is None:
+            raise AssertionError("check_fn_manager.output_graph must not be None")
+        metadata = output_graph.input_source_to_sizes_strides[guard.originating_source]
+        sizes = convert_to_concrete_values(metadata["size"])
+        strides = convert_to_concrete_values(metadata["stride"])
+        # Same rule as GuardBuilder.TENSOR_MATCH for the no-aliasing guard.
+        aliasing = not (
+            config.skip_no_tensor_aliasing_guards_on_parameters
+            and (
+                istype(value, torch.nn.Parameter)
+                or is_from_unspecialized_builtin_nn_module_source(
+                    guard.originating_source
+                )
+            )
+        )
+        marks = None
+        attrs = self.extension.MARK_ATTRS
+        if any(hasattr(value, a) for a in attrs):
+            marks = tuple(getattr(value, a) if hasattr(value, a) else None for a in attrs)
+        container.records.append(
+            (locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard))
+        )
+        if not isinstance(value, torch.nn.Parameter):
+            container.diff_source = True
+        if container.guard is None:
+            container.guard = guard
+        return True
+
+    def owns_dict_keys(self, guard: Guard) -> bool:
+        """True if a planned container guard checks this dict's keys and their order."""
+        return guard.name in self._ordered_dicts
+
+
+def plan_tensor_containers(
+    builder: GuardBuilder, guards: list[Guard], save_guards: bool
+) -> TensorContainerPlan | None:
+    """Pick the containers whose tensors get one native guard, before guards are built."""
+    if not config.tensor_container_guards or save_guards:
+        return None
+    output_graph = builder.check_fn_manager.output_graph
+    if output_graph is None or output_graph.export:
+        return None  # export keeps Python guard code for every tensor
+    min_size = max(config.tensor_container_guard_min_size, 2)
+    tensor_guards = [g for g in guards if _create_fn_name(g) == "TENSOR_MATCH"]
+    if len(tensor_guards) < min_size:
+        return None
+    ext = extension()
+    if ext is None:
+        return None
+
+    from .guards import match_on_id_for_tensor
+
+    dict_keys_guarded = {
+        g.name for g in guards if _create_fn_name(g) == "DICT_KEYS_MATCH"
+    }
+    containers: dict[str, _Container] = {}
+    # id(dict) -> {key: (position, the dict's own key object)}
+    key_positions: dict[int, dict[Any, tuple[int, Any]]] = {}
+    for guard in tensor_guards:
+        source = guard.originating_source
+        if match_on_id_for_tensor(guard) or isinstance(source, NumpyTensorSource):
+            continue
+        if config._unsafe_skip_fsdp_module_guards and guard.is_fsdp_module():
+            continue
+        if source not in output_graph.input_source_to_sizes_strides:
+            continue
+        located = _locate(builder, source, key_positions)
+        if located is None:
+            continue
+        base, kind, locator, key = located
+        if not _supported_tensor(builder.get(source)):
+            continue
+        container = containers.get(base.name)
+        if container is None:
+            container = containers[base.name] = _Container(
+                base, base.name, kind, builder.get(base)
+            )
+        if container.kind != kind or locator in container.locators:
+            continue  # a second source for one element keeps its stock guard
+        container.locators.add(locator)
+        container.members[guard.name] = (locator, key)
+
+    chosen = []
+    for container in containers.values():
+        if len(container.members) < min_size:
+            continue
+        if container.kind.startswith("dict") and not _plan_dict(
+            builder, container, dict_keys_guarded
+        ):
+            continue
+        chosen.append(container)
+    return TensorContainerPlan(ext, chosen) if chosen else None
+
+
+def _create_fn_name(guard: Guard) -> str:
+    return getattr(guard.inner_create_fn(), "__name__", "")
+
+
+def _supported_tensor(value: Any) -> bool:
+    attrs = extension().MARK_ATTRS
+    return (
+        type(value) in TENSOR_TYPES
+        and value.layout == torch.strided
+        and not value.is_nested
+        and not hasattr(value, UNBACKED_MARK)
+        and not any(hasattr(type(value), a) for a in attrs)
+        # What mark_dynamic & co store; the native guard compares nothing else.
+        and all(_is_set_of_ints(getattr(value, a)) for a in attrs if hasattr(value, a))
+    )
+
+
+def _is_set_of_ints(value: Any) -> bool:
+    return type(value) in (set, frozenset) and all(type(i) is int for i in value)
+
+
+def _locate(
+    builder: GuardBuilder,
+    source: Source,
+    key_positions: dict[int, dict[Any, tuple[int, Any]]],
+) -> tuple[Source, str, int, Any] | None:
+    """(container source, kind, locator, dict key) of a container element, or None."""
+    if istype(source, (GetItemSource, ListGetItemSource)):
+        if source.index_is_slice or type(source.index) is not int:
+            return None
+        base_value = builder.get(source.base)
+        if isinstance(base_value, list):
+            kind = "list"
+        elif isinstance(base_value, tuple):
+            kind = "tuple"
+        else:
+            return None
+        if source.index < 0:
+            return None
+        return source.base, kind, source.index, None
+    if istype(source, (DictGetItemSource, DictSubclassGetItemSource)):
+        base_value = builder.get(source.base)
+        if not isinstance(base_value, dict):
+            return None
+        index = source.index
+        if isinstance(index, ConstDictKeySource):
+            if index.base != source.base:
+                return None
+            # Only reached through a DictGuardManager: checked in key order.
+            return source.base, "dict_ordered", index.index, None
+        if type(index) not in SIMPLE_KEY_TYPES:
+            return None
+        positions = key_positions.get(id(base_value))
+        if positions is None:
+            positions = key_positions[id(base_value)] = {
+                k: (i, k) for i, k in enumerate(builtin_dict_keys(base_value))
+            }
+        if index not in positions:
+            return None
+        # The dict's own key object: the guard's fast path compares key pointers.
+        position, key = positions[index]
+        if builder.requires_key_order_guarding(source.base):
+            return source.base, "dict_ordered", position, None
+        return source.base, "dict_lookup", position, key
+    return None
+
+
+def _plan_dict(
+    builder: GuardBuilder, container: _Container, dict_keys_guarded: set[str]
+) -> bool:
+    value = container.value
+    if container.kind == "dict_lookup":
+        return True
+    # Key order is guarded: the DictGuardManager with one key guard per key is
+    # kept for anything else that needs it, and the container guard takes over
+    # the key guards (DICT_KEYS_MATCH) on a second node for the same dict.
+    if container.name not in dict_keys_guarded:
+        return False
+    # ID_MATCH keys (tensors, modules) stay with stock guards, which also track
+    # the key objects' lifetime (CheckFunctionManager.id_ref).
+    if any(type(key) not in SIMPLE_KEY_TYPES for key in builtin_dict_keys(value)):
+        return False
+    return _second_node_accessor(builder, container.source) is not None
+
+
+def _second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
+    """How to reach an ordered dict a second time, as a plain GuardManager."""
+    if istype(source, LocalSource):
+        return "framelocals"
+    if istype(source, GlobalSource):
+        return "global"
+    if not hasattr(source, "base") or builder.requires_key_order_guarding(source.base):
+        return None  # a DictGuardManager parent takes no new accessors
+    if istype(source, AttrSource):
+        return "getattr"
+    if istype(source, (DictGetItemSource, DictSubclassGetItemSource)):
+        if type(source.index) in SIMPLE_KEY_TYPES:
+            return "dict_getitem"
+        return None
+    if istype(source, (GetItemSource, ListGetItemSource)):
+        if not source.index_is_slice and type(source.index) is int:
+            return "getitem"
+    return None
+
+
+def _second_node(builder: GuardBuilder, container: _Container) -> Any:
+    from .guards import get_framelocals_idx, GuardManagerType
+
+    source = container.source
+    # A distinct source string gives a new accessor next to the DictGuardManager.
+    name = f"{container.name} (tensor container)"
+    kwargs = dict(
+        source=name,
+        example_value=container.value,
+        guard_manager_enum=GuardManagerType.GUARD_MANAGER,
+    )
+    how = _second_node_accessor(builder, source)
+    if how == "framelocals":
+        idx = get_framelocals_idx(builder.f_code, source.local_name)
+        return builder.guard_manager.root.framelocals_manager(
+            key=(source.local_name, idx), **kwargs
+        )
+    if how == "global":
+        return builder.get_global_guard_manager().dict_getitem_manager(
+            key=source.global_name, **kwargs
+        )
+    parent = builder.get_guard_manager_from_source(source.base)
+    if how == "getattr":
+        return parent.getattr_manager(attr=source.member, **kwargs)
+    if how == "dict_getitem":
+        return parent.dict_getitem_manager(key=source.index, **kwargs)
+    parent_value = builder.get(source.base)
+    if isinstance(parent_value, list):
+        return parent.list_getitem_manager(key=source.index, **kwargs)
+    if isinstance(parent_value, tuple):
+        return parent.tuple_getitem_manager(key=source.index, **kwargs)
+    return parent.getitem_manager(key=source.index, **kwargs)
+
+
+def install_tensor_container_guards(builder: GuardBuilder) -> bool:
+    """Install the planned guards; True if the no-aliasing guard was taken over.
+
+    Called where stock Dynamo installs NO_TENSOR_ALIASING. When it returns True, all
+    tensors that would be under that guard (container members and single tensors,
+    ``builder.no_tensor_aliasing_names``) are checked by one TensorAliasingGroup.
+    """
+    plan = builder.tensor_container_plan
+    if plan is None:
+        return False
+    from .guards import get_verbose_code_parts
+
+    ext = plan.extension
+    group = ext.TensorAliasingGroup()
+    aliasing_tensors = len(builder.no_tensor_aliasing_names)
+    for i, container in enumerate(plan.containers):
+        if not container.records:
+            continue
+        var = f"___tensor_container_{i}"
+        records = sorted(container.records, key=lambda r: r[0])
+        ordered_keys = None
+        if container.kind == "dict_ordered":
+            ordered_keys = list(builtin_dict_keys(container.value))
+        guard_fn = ext.make_tensor_container_guard(
+            container.kind,
+            builder.arg_ref(container.name),
+            type(container.value),
+            ordered_keys,
+            records,
+            group,
+        )
+        aliasing_tensors += sum(1 for r in records if r[6])
+        plan.closure_vars[var] = guard_fn
+        if container.kind == "dict_ordered":
+            node = _second_node(builder, container)
+        else:
+            node = builder.get_guard_manager_from_source(container.source)
+        ref = builder.arg_ref(container.name)
+        # Recompile reasons evaluate the parts in order: the first one evaluates to
+        # the reason ("xs[417]: dtype changed float32 -> float64").
+        verbose_code_parts = get_verbose_code_parts(
+            [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
+        )
+        if container.guard is None:
+            raise AssertionError("a container with records has a guard")
+        node.add_lambda_guard(guard_fn, verbose_code_parts, container.guard.user_stack)
+        if container.diff_source:
+            builder.guard_manager.diff_guard_sources.add(node.get_source())
+        log.debug(
+            "%s: %d tensors checked by one TensorContainerGuard", ref, len(records)
+        )
+        # The guard keeps metadata only; do not keep the frame's tensors alive.
+        container.records = []
+        container.value = None
+
+    if aliasing_tensors <= 1:
+        return True  # a single tensor cannot alias; the group stays unused
+    for name, manager in zip(
+        builder.no_tensor_aliasing_names, builder.no_tensor_aliasing_guard_managers
+    ):
+        manager.add_lambda_guard(
+            group.add_tensor(name),
+            [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"],
+            None,
+        )
+    plan.closure_vars["___tensor_aliasing_group"] = group
+    builder.guard_manager.root.add_epilogue_lambda_guard(
+        group,
+        [
+            "___tensor_aliasing_group.explain()",
+            f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
+        ],
+        None,
+    )
+    return True
+
+
+def closure_vars(builder: GuardBuilder) -> dict[str, Any]:
+    """Names the verbose code parts of the installed guards refer to."""
+    plan = builder.tensor_container_plan
+    return plan.closure_vars if plan is not None else {}
