@@ -80,6 +80,17 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
             for pe, pc in zip(group_e["params"], group_c["params"]):
                 self.assertEqual(pe, pc)
 
+    def step_optimizers(self, eager, eager_params, compiled_step, compiled_params, steps):
+        """Step a torch.optim optimizer eagerly and compiled with the same fresh grads,
+        comparing the parameters after every step."""
+        for i in range(steps):
+            set_grads(eager_params, i)
+            set_grads(compiled_params, i)
+            eager.step()
+            compiled_step()
+            for pe, pc in zip(eager_params, compiled_params):
+                self.assertEqual(pe, pc)
+
     def test_compiles_once_and_runs_body_once(self):
         eager, compiled, step, cnt = self.make_pair()
         for i in range(8):
@@ -227,13 +238,7 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         eager = torch.optim.SGD(eager_params, lr=0.1, momentum=0.9)
         compiled = CountingSGD(compiled_params, lr=0.1, momentum=0.9)
         step = torch.compile(compiled.step, backend=CompileCounter())
-        for i in range(6):
-            set_grads(eager_params, i)
-            set_grads(compiled_params, i)
-            eager.step()
-            step()
-            for pe, pc in zip(eager_params, compiled_params):
-                self.assertEqual(pe, pc)
+        self.step_optimizers(eager, eager_params, step, compiled_params, steps=6)
         # Called for real once per compile of SGD.step (twice: the momentum buffers
         # SGD.step stores after the first step change the guarded state), never
         # replayed at run time.
@@ -251,13 +256,7 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
                 compiled = getattr(torch.optim, name)(compiled_params, **kwargs)
                 cnt = CompileCounter()
                 step = torch.compile(compiled.step, backend=cnt)
-                for i in range(4):
-                    set_grads(eager_params, i)
-                    set_grads(compiled_params, i)
-                    eager.step()
-                    step()
-                    for pe, pc in zip(eager_params, compiled_params):
-                        self.assertEqual(pe, pc)
+                self.step_optimizers(eager, eager_params, step, compiled_params, steps=4)
                 self.assertEqual((cnt.frame_count, sum(counters["graph_break"].values())), expected[name])
 
 
