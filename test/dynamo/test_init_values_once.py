@@ -218,6 +218,27 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         # Traced, so the body ran at run time on every step, like eager's.
         self.assertEqual(INIT_CALLS[id(compiled)], INIT_CALLS[id(eager)])
 
+    def test_container_read_before_the_call_falls_back_to_tracing(self):
+        eager, compiled, _, _ = self.make_pair()
+
+        def step_reading_state_first(opt):
+            # The frame holds a VariableTracker for opt.state before _init_group
+            # fills it: the real call is undone and the function traced instead.
+            n = len(opt.state)
+            opt.step()
+            return n
+
+        compiled_step = torch.compile(step_reading_state_first, backend=CompileCounter())
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for i in range(2):
+                for opt in (eager, compiled):
+                    set_grads(opt.param_groups[0]["params"], i)
+                self.assertEqual(compiled_step(compiled), step_reading_state_first(eager))
+                for pe, pc in zip(eager.param_groups[0]["params"], compiled.param_groups[0]["params"]):
+                    self.assertEqual(pe, pc)
+        self.assertIn("changed 1 container(s) the frame had already read", "\n".join(logs.output))
+        self.assertEqual(len(compiled.state), len(eager.state))
+
     def test_switch_off_traces_normally(self):
         with torch._dynamo.config.patch(init_values_once=False):
             eager, compiled, step, cnt = self.make_pair()
