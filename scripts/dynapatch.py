@@ -184,7 +184,6 @@ def resolve_target(target: Path) -> Path:
 
 
 def cmd_apply(project: Project, args: argparse.Namespace) -> int:
-    spec = load_base(project)
     root = resolve_target(args.target.resolve())
     version = installed_torch_version(root)
     supported = supported_versions(project)

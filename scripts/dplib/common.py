@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 
 class DynapatchError(Exception):
@@ -84,6 +85,6 @@ def python_exe(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def die(error: DynapatchError) -> "NoReturn":  # noqa: F821
+def die(error: DynapatchError) -> NoReturn:
     print(f"dynapatch: error: {error}", file=sys.stderr, flush=True)
     sys.exit(error.exit_code)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
 from .base import BaseSpec
-from .common import DynapatchError, Project, log, python_exe, run
+from .common import DynapatchError, Project, python_exe, run
 
 EXTENSION_DIR = "torch/_dynamo"
 EXTENSION_NAME = "_guard_accel"
@@ -67,7 +68,7 @@ def build_extension(project: Project, spec: BaseSpec, wheel: Path) -> tuple[str,
          "--build-temp", out / "temp", "--build-lib", out / "lib"],
         cwd=project.root,
         env={"DYNAPATCH_TORCH_ROOT": str(torch_root),
-             "PATH": f"{env_dir / 'bin'}:{__import__('os').environ.get('PATH', '')}"})
+             "PATH": f"{env_dir / 'bin'}:{os.environ.get('PATH', '')}"})
     built = sorted((out / "lib" / EXTENSION_DIR).glob(f"{EXTENSION_NAME}.*.so"))
     if len(built) != 1:
         raise DynapatchError(f"extension build produced {built}, expected one {EXTENSION_NAME}.*.so")

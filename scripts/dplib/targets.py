@@ -9,7 +9,6 @@ never used for the pinned base, so overrides cannot change the built wheel.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from pathlib import Path

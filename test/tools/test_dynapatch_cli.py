@@ -1,6 +1,5 @@
 """The patch-series toolchain (scripts/dynapatch.py), run on temporary copies of the project."""
 
-import hashlib
 import os
 import re
 import shutil
