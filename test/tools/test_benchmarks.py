@@ -1,0 +1,51 @@
+"""The benchmark scripts run end to end at tiny sizes and report what they claim.
+
+No timing is asserted (the machines are noisy; figures belong in the scripts'
+output). What is checked is structural: every case runs, and the frame counts the
+scripts print are the ones the features promise.
+"""
+
+import re
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def run_script(name: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+class BenchSkipGuardTest(unittest.TestCase):
+    def test_frames_per_case(self):
+        out = run_script("bench_skip_guard.py", "--sizes", "12", "--steps", "3", "--steady-steps", "3")
+        frames = {
+            m.group(1): int(m.group(2))
+            for m in re.finditer(r"^\s+12 \((\w)\) .*?\s(\d+)\s+[\d.]+$", out, re.MULTILINE)
+        }
+        # (a) recompiles on every step (stock); (b) and the floor (d) compile once;
+        # torch.optim.SGD (c) compiles twice (its first step has no momentum buffers).
+        self.assertEqual(frames, {"a": 3, "b": 1, "c": 2, "d": 1}, out)
+        self.assertIn("first compile a/b", out)
+
+
+class BenchGuardsTest(unittest.TestCase):
+    def test_every_scenario_gets_native_guards(self):
+        out = run_script(
+            "bench_guards.py", "--sizes", "16", "--rounds", "1", "--budget-us", "200"
+        )
+        rows = re.findall(r"^\| (\w+)\s+\|\s+16 \|\s+(\d+) \|", out, re.MULTILINE)
+        self.assertEqual(
+            sorted(rows), sorted([("list", "1"), ("dict", "1"), ("paramlist", "1"), ("optim", "4")]), out
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()
