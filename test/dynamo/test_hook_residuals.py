@@ -207,11 +207,6 @@ def intermediate_hook_returns_none(m, x):
     return y.sin()
 
 
-def module_forward_hook_inside(m, x):
-    m.handles.append(m.lin.register_forward_hook(forward_hook))
-    return m.lin(x)
-
-
 BREAK_UNLESS_CA = {"eager": 1, "aot_eager": 1, "compiled_autograd": 0}
 
 # name -> (fn, expected graph breaks patched, remove handles before backward)
@@ -246,9 +241,6 @@ CASES = {
     "input_hook_then_graph_break": (input_hook_then_graph_break, 1, False),
     "output_handle_across_graph_break": (output_handle_across_graph_break, 1, False),
     "intermediate_hook_returns_none": (intermediate_hook_returns_none, 0, False),
-    # Registered by residual bytecode after the graph (config.module_hook_residuals,
-    # test_module_hook_residuals.py has the other module hook patterns).
-    "module_forward_hook_inside": (module_forward_hook_inside, 0, False),
     # Out of scope (README): a hook traced into the graph cannot append to a
     # global list. Compiled autograd calls the hook itself: no graph break.
     "intermediate_side_effect_hook": (
