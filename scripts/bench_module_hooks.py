@@ -1,4 +1,6 @@
-"""Guard cost of nn.Module hook registrations in a compiled frame (config.module_hook_residuals).
+"""Guard cost of nn.Module hook registrations in a compiled frame.
+
+config.module_hook_residuals (patch 0010).
 
 Run with the patched interpreter: .venv/bin/python scripts/bench_module_hooks.py
 A frame that registers a forward (pre-)hook on a module and calls it guards the
@@ -51,12 +53,8 @@ def median_us(fn, n, repeats=15):
 def measure(narrow_guards):
     torch._dynamo.reset()
     m, x = Holder(), torch.randn(4, 8)
-    patch = (
-        mock.patch.object(module_hooks, "_guard_hook_dicts", lambda *a: None)
-        if not narrow_guards
-        else mock.patch.object(module_hooks, "_guard_hook_dicts", module_hooks._guard_hook_dicts)
-    )
-    with patch:
+    guard = module_hooks._guard_hook_dicts if narrow_guards else lambda *a: None
+    with mock.patch.object(module_hooks, "_guard_hook_dicts", guard):
         compiled = torch.compile(frame, backend="eager")
         compiled(m, x)
     entries = _debug_get_cache_entry_list(frame.__code__)

@@ -327,6 +327,21 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(first + 1, second)
         self.assertEqual(cnt.frame_count, 2)
 
+    def test_recompile_reason_names_the_hook_dict(self):
+        failures = []
+        cnt = CompileCounter()
+        compiled = torch._dynamo.optimize(cnt, guard_fail_fn=failures.append)(
+            called_after_registration
+        )
+        m, x = Holder(), torch.randn(2, 3)
+        compiled(m, x)
+        compiled(m, x)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(len(failures), 1)
+        self.assertEqual(
+            failures[0].reason, "0/0: len(m._modules['lin']._forward_hooks) != 0"
+        )
+
     def test_handle_id_breaks(self):
         # The id exists only once the hook is registered for real: the trace
         # restarts and the registration runs eagerly at a graph break.

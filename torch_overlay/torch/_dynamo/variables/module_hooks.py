@@ -20,9 +20,11 @@ an input (see [On tensor.register_hook] in side_effects.py):
   loads that real ``RemovableHandle``.
 
   Not modelling ``next_id`` at trace time is equivalent to eager because nothing
-  in the frame can observe it: the handle's ``id`` graph-breaks, and the pending
-  entries below are keyed by trace-time placeholders that only
-  ``Module._call_impl`` sees (any other read of the hook dicts graph-breaks). The
+  in the frame can observe it: the pending entries below are keyed by trace-time
+  placeholders that only ``Module._call_impl`` sees, and reading the handle's
+  ``id`` (or any attribute but ``remove``), or the module's hook dicts anywhere
+  else, makes the trace restart with a graph break at the registration, which
+  then runs eagerly and gives later code the real handle and dicts. The
   real registration increments ``next_id`` once per hook, so the ids the module's
   dicts hold after the frame are fresh and unique and their order within each
   dict is the program order, as in eager. Only the relative numbering of ids
@@ -54,7 +56,7 @@ frames before the hook was added keeps the stock behaviour.
 
 import itertools
 import sys
-from typing import Any, TYPE_CHECKING
+from typing import Any, NoReturn, TYPE_CHECKING
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -202,7 +204,7 @@ def _restart_with_eager_registration(
     tx: "InstructionTranslatorBase",
     pending: list[PendingModuleHook | None],
     what: str,
-) -> None:
+) -> NoReturn:
     """The frame reads state only a real registration has (the handle's id,
     the module's hook dicts outside Module.__call__): trace again, and break
     the graph at these registrations instead, so that they run eagerly."""
