@@ -1,4 +1,6 @@
-"""Print the hook-pattern matrix of test/dynamo/test_hook_residuals.py for this torch.
+"""Print the hook-pattern matrices of test/dynamo/test_hook_residuals.py (tensor
+hooks) and test_module_hook_residuals.py (row 8: nn.Module forward / forward-pre
+hooks registered inside the frame) for this torch.
 
 Run with a stock and a patched interpreter to compare:
     /tmp/stock/bin/python scripts/hook_matrix.py
@@ -18,6 +20,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import test_hook_residuals as t  # noqa: E402
+import test_module_hook_residuals as mt  # noqa: E402
 
 
 def cell(case, mode):
@@ -38,15 +41,38 @@ def cell(case, mode):
     return f"{frames}/{breaks}/{fallbacks} {ok}"
 
 
+def module_cell(case, mode):
+    fn, remove_after, _, _ = mt.CASES[case]
+    expected = mt.run_protocol(fn, remove_after)
+    torch._dynamo.utils.counters.clear()
+    try:
+        seen, frames, breaks = mt.run_compiled(fn, mode, remove_after)
+    except Exception as e:  # noqa: BLE001
+        return f"crash {type(e).__name__}"
+    fallbacks = sum(torch._dynamo.utils.counters["unimplemented"].values())
+    try:
+        for got, want in zip(seen, expected, strict=True):
+            torch.testing.assert_close(got.pop("out"), want.pop("out"))
+            assert got == want
+        ok = "ok"
+    except Exception:  # noqa: BLE001
+        ok = "WRONG"
+    return f"{frames}/{breaks}/{fallbacks} {ok}"
+
+
 def main():
     torch._logging.set_logs(dynamo=50)
     print(f"torch {torch.__version__}")
     print("| case | " + " | ".join(t.MODES) + " |")
     print("|---|" + "---|" * len(t.MODES))
-    cases = dict(t.CASES, module_forward_hook_inside=(t.module_forward_hook_inside, 1, False))
-    t.CASES = cases
-    for case in cases:
+    for case in t.CASES:
         print(f"| {case} | " + " | ".join(cell(case, m) for m in t.MODES) + " |")
+    print()
+    print("Row 8, nn.Module forward / forward-pre hooks registered inside:")
+    print("| case | " + " | ".join(mt.MODES) + " |")
+    print("|---|" + "---|" * len(mt.MODES))
+    for case in mt.CASES:
+        print(f"| {case} | " + " | ".join(module_cell(case, m) for m in mt.MODES) + " |")
 
 
 if __name__ == "__main__":

@@ -207,11 +207,6 @@ def intermediate_hook_returns_none(m, x):
     return y.sin()
 
 
-def module_forward_hook_inside(m, x):
-    m.handles.append(m.lin.register_forward_hook(forward_hook))
-    return m.lin(x)
-
-
 BREAK_UNLESS_CA = {"eager": 1, "aot_eager": 1, "compiled_autograd": 0}
 
 # name -> (fn, expected graph breaks patched, remove handles before backward)
@@ -343,18 +338,6 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertGreaterEqual(frames, 1)
         self.assertEqual(breaks, expected_breaks)
         self.assertEqual(fallbacks, 0)
-
-    @torch._dynamo.config.patch(nested_graph_breaks=False)
-    @parametrize("mode", MODES)
-    def test_module_forward_hook_inside(self, mode):
-        # Out of scope (README): the graph breaks at RemovableHandle.next_id += 1.
-        # With nested_graph_breaks=True, stock Dynamo replaces the module's
-        # _forward_hooks OrderedDict by a dict at that break (TypeError next call).
-        fn = module_forward_hook_inside
-        expected = run_protocol(fn, False)
-        seen, frames, breaks, fallbacks = run_compiled(fn, mode, False)
-        self.assertEqual(seen, expected)
-        self.assertEqual((frames, breaks, fallbacks), (2, 1, 0))
 
     def test_intermediate_handle_is_real(self):
         # The handle of a hook on an output is the one register_hook returned at

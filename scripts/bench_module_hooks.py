@@ -1,0 +1,87 @@
+"""Guard cost of nn.Module hook registrations in a compiled frame.
+
+config.module_hook_residuals (patch 0010).
+
+Run with the patched interpreter: .venv/bin/python scripts/bench_module_hooks.py
+A frame that registers a forward (pre-)hook on a module and calls it guards the
+length of the hook dicts it registers into (variables/module_hooks.py). This
+times the frame's RootGuardManager.check(frame locals) with those guards and
+with them left out (module_hooks._guard_hook_dicts patched to a no-op), and the
+whole compiled call, medians over repeats.
+"""
+
+import statistics
+import sys
+import time
+from unittest import mock
+
+import torch
+import torch._dynamo
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.variables import module_hooks
+
+
+def add_one(mod, args, out):
+    return out + 1
+
+
+def frame(m, x):
+    h = m.lin.register_forward_hook(add_one)
+    y = m.lin(x)
+    h.remove()
+    return y
+
+
+class Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+
+def per_call_us(fn, n):
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def median_us(fn, n, repeats=15):
+    fn()
+    return statistics.median(per_call_us(fn, n) for _ in range(repeats))
+
+
+def measure(narrow_guards):
+    torch._dynamo.reset()
+    m, x = Holder(), torch.randn(4, 8)
+    guard = module_hooks._guard_hook_dicts if narrow_guards else lambda *a: None
+    with mock.patch.object(module_hooks, "_guard_hook_dicts", guard):
+        compiled = torch.compile(frame, backend="eager")
+        compiled(m, x)
+    entries = _debug_get_cache_entry_list(frame.__code__)
+    assert len(entries) == 1
+    root = entries[0].guard_manager.root
+    f_locals = {"m": m, "x": x}
+    assert root.check(f_locals)
+    n_hook_guards = sum(
+        "DictGuardManager" in line and "._forward" in line and "_global" not in line
+        for line in str(entries[0].guard_manager).splitlines()
+    )
+    return dict(
+        guards=n_hook_guards,
+        check=median_us(lambda: root.check(f_locals), 2000),
+        call=median_us(lambda: compiled(m, x), 300),
+    )
+
+
+def main():
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
+    without = measure(False)
+    with_ = measure(True)
+    print("| | hook-dict length guards | guard check us | compiled call us |")
+    print("|---|---|---|---|")
+    for name, r in (("without the narrow guards", without), ("with (patched)", with_)):
+        print(f"| {name} | {r['guards']} | {r['check']:.2f} | {r['call']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
