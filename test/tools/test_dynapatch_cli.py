@@ -142,7 +142,10 @@ class DevtreeTest(ProjectCopyTestCase):
         (devtree / "torch/_dynamo/new_module.py").write_text("VALUE = 1\n")
         git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
         subprocess.run([*git, "add", "-A"], cwd=devtree, check=True)
-        subprocess.run([*git, "commit", "-q", "--amend", "--no-edit"], cwd=devtree, check=True)
+        # A new commit, so a new last patch: amending the current last patch would
+        # make it differ from its patches/<version>/ override, if it has one.
+        message = "dynamo: reword a comment, add a module\n\nWhat and why.\n\nUpstream-Status: Pending\n"
+        subprocess.run([*git, "commit", "-q", "-m", message], cwd=devtree, check=True)
         self.assertEqual(self.dynapatch("refresh", "--dir", str(devtree)).returncode, 0)
         text = sorted((self.project / "patches").glob("*.patch"))[-1].read_text()
         self.assertIn("+        # Note: this lets us", text)
