@@ -3,6 +3,7 @@
 attributes as 0-d float64 tensor inputs."""
 
 import math
+import operator
 import re
 
 import torch
@@ -103,6 +104,46 @@ class DecayArithmetic(Decay):
         return y, x.half() / self.temp + self.temp
 
 
+class DecayWithTensors(Decay):
+    """`f op t` and `t op f` for + - * / with CPU tensors of every dtype the tensor
+    form traces (integer tensors, 0-d tensors, half precision, complex)."""
+
+    ops = (operator.add, operator.sub, operator.mul, operator.truediv)
+
+    def forward(self, tensors):
+        self.temp = self.temp * 0.9 + 0.013
+        out = []
+        for t in tensors:
+            for op in self.ops:
+                out.append(op(t, self.temp))
+                if t.dtype not in (torch.float16, torch.bfloat16) or op in (operator.add, operator.mul):
+                    out.append(op(self.temp, t))
+        return out
+
+
+class DecayLoopPow(Decay):
+    """An unsupported use in a loop, where Dynamo cannot graph-break."""
+
+    def forward(self, x):
+        self.temp *= 0.9
+        for _ in range(2):
+            x = x + math.exp(self.temp)
+        return x
+
+
+class Counted(Decay):
+    """A float computed from an int counter (both mutated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        self.temp = self.temp * 0.5 + self.step / 3
+        return x * self.temp
+
+
 class ScaleReadOnly(torch.nn.Module):
     """A float that is only read (the user changes it between calls)."""
 
@@ -136,7 +177,8 @@ class DecayPow(Decay):
 
 
 class DecayIntTensor(Decay):
-    """An integer tensor would promote a float64 tensor differently from a float."""
+    """An integer tensor promotes a float64 tensor differently from a float: it is
+    cast to the default dtype first, as the op does."""
 
     def forward(self, x):
         self.temp *= 0.9
@@ -274,6 +316,45 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cnt.frame_count, 1)
             self.assertEqual(self.float_graph_breaks(), 0)
 
+    def test_float_with_tensors_of_every_dtype_is_bitwise_eager(self):
+        def tensors():
+            return [
+                torch.randn(50) * 3,
+                torch.randn(50, dtype=torch.float64),
+                torch.randn(50).half(),
+                torch.randn(50).bfloat16(),
+                torch.randn(50, dtype=torch.complex64),
+                torch.arange(-25, 25),
+                torch.arange(1, 51, dtype=torch.int32),
+                torch.arange(50, dtype=torch.uint8),
+                torch.tensor(1.7),
+                torch.tensor(1.3, dtype=torch.float64),
+                torch.tensor(3),
+            ]
+
+        cnt = CompileCounter()
+        eager, compiled = DecayWithTensors(), DecayWithTensors()
+        compiled_fn = torch.compile(compiled, backend=cnt)
+        for _ in range(4):
+            ts = tensors()
+            self.assertEqual(compiled_fn(ts), eager(ts), atol=0, rtol=0, exact_dtype=True)
+            self.assertEqual(compiled.temp, eager.temp, atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_from_int_counter(self):
+        for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
+            torch._dynamo.reset()
+            cnt = self.run_float(Counted, backend)
+            self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_unsupported_use_without_graph_break_specializes(self):
+        # In a loop (and with fullgraph=True) Dynamo cannot graph-break: the attribute
+        # is specialized instead of the frame being skipped or failing.
+        for kwargs in ({}, {"fullgraph": True}):
+            torch._dynamo.reset()
+            cnt = self.run_float(DecayLoopPow, CompileCounter(), calls=3, **kwargs)
+            self.assertEqual(cnt.frame_count, 3, kwargs)
+
     def test_float_nan_needs_no_guard(self):
         cnt = self.run_float(DecayNan, CompileCounter(), calls=4)
         self.assertEqual(cnt.frame_count, 1)
@@ -302,14 +383,14 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             # attribute specialized, one compile per value (stock: 2 frames, as a
             # SymFloat, which inductor writes back stale for DecayPow).
             (DecayPow, 6, 0),
-            (DecayIntTensor, 6, 0),
+            # An integer tensor operand is cast as the op casts it: traced (stock: 2).
+            (DecayIntTensor, 1, 0),
         ]
         for cls, frames, breaks in cases:
             torch._dynamo.reset()
             counters.clear()
             cnt = self.run_float(cls, CompileCounter(), calls=6)
-            graph_breaks = sum(counters["graph_break"].values())
-            self.assertEqual((cnt.frame_count, graph_breaks), (frames, breaks), cls.__name__)
+            self.assertEqual((cnt.frame_count, self.float_graph_breaks()), (frames, breaks), cls.__name__)
 
     def test_float_specialized_fallback_is_right_under_inductor(self):
         # Stock 2.13 writes back a stale temp here from the third call.

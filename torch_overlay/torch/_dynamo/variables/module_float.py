@@ -21,20 +21,24 @@ A tensor is not a Python float, so ModuleFloatVariable lets through only the ope
 whose tensor form gives the same result, dtype and bits as the float form:
 
 - ``+ - * /`` (and their in-place forms), unary ``- + abs()`` with an int (|i| <= 2**53)
-  or float constant or another such variable: IEEE double arithmetic, exactly Python's.
+  or float constant, a SymInt (a module counter), a SymFloat or another such variable:
+  IEEE double arithmetic, exactly Python's.
   ``c / f`` divides a float64 tensor holding c (``operator.truediv(c, tensor)`` would run
   Tensor.__rtruediv__, a reciprocal and a multiply).
-- ``+ - * /`` with a tensor of floating or complex dtype that has at least one
-  dimension: type promotion gives the tensor's dtype as for a Python scalar, and the 0-d
-  CPU operand is read as a scalar in the tensor's compute type, as a Python scalar is.
-  ``f / t`` is traced as ``t.reciprocal() * f``, what Tensor.__rtruediv__ computes.
+- ``+ - * /`` with a CPU tensor t: the float64 tensor is cast to the compute type of
+  the result (float32 for float16/bfloat16) and an integer t to the default dtype, as
+  the op does with a Python scalar, then the op is traced as eager computes it:
+  ``f + t`` as ``t + f``, ``f * t`` as ``t * f``, ``f - t`` as ``torch.rsub(t, f)``,
+  ``f / t`` as ``t.reciprocal() * f`` (Tensor.__r<op>__). See _tensor_casts for what is
+  left out (bool tensors, some 0-d and float16/bfloat16 cases, other devices).
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 
 Any other use (comparisons and branches, ``%``, ``//``, ``**``, ``int()``, ``round()``,
-``math`` and torch functions, methods, formatting, hashing, integer, bool or 0-d tensor
-operands, which would promote differently) graph-breaks when the instruction allows it
-(calls, comparisons, stores: the rest of the frame then runs with the real float).
-Where it does not (binary and unary operators, truth tests), the attributes the value
+``math`` and torch functions, methods, formatting, hashing, the tensor operands
+_tensor_casts leaves out) graph-breaks when Dynamo can
+graph-break there (calls, comparisons and stores outside loops, context managers and
+fullgraph: the rest of the frame then runs with the real float). Where it cannot
+(binary and unary operators, truth tests, loops, fullgraph=True), the attributes the value
 derives from are recorded as specialized for the frame and analysis restarts: they are
 then specialized on their value (CONSTANT_MATCH, a recompile per value as with
 specialize_float), never made SymFloats, which stock makes them after a change but
@@ -150,16 +154,26 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
     from ..symbolic_convert import InstructionTranslator
     from .nn_module import UnspecializedNNModuleVariable
 
+    from .tensor import SymNodeVariable
+
     if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
         return
-    if not value.is_python_constant():
-        return  # already a tensor input (or not a float at all)
-    new = value.as_python_constant()
     old = _original_value(item, name)
-    if type(old) is not float or type(new) is not float:
+    if type(old) is not float:
         return
-    if new == old or (new != new and old != old):  # NaN over NaN is no change either
-        return
+    if isinstance(value, SymNodeVariable):
+        # A SymFloat (computed from a SymInt counter, say) would be written back as a
+        # SymFloat, which _tensorify_python_scalars specializes per value.
+        if value.python_type() is not float:
+            return
+        new = "a SymFloat"
+    elif value.is_python_constant():
+        new = value.as_python_constant()
+        if type(new) is not float or new == old or (new != new and old != old):
+            return  # not a float, or no change (NaN over NaN is none either)
+        new = repr(new)
+    else:
+        return  # already a tensor input, or not a number
     tx = InstructionTranslator.current_tx()
     if not _type_enabled(tx):
         return
@@ -170,9 +184,9 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
     if source_name in marked:
         return  # never restart twice for one attribute
     marked.add(source_name)
-    log.debug("%s is mutated by the frame (%r -> %r): restarting with it a tensor input", source_name, old, new)
+    log.debug("%s is mutated by the frame (%r -> %s): restarting with it a tensor input", source_name, old, new)
     raise UnspecializeRestartAnalysis(
-        f"{source_name} is a module float mutated in the frame ({old!r} -> {new!r}); "
+        f"{source_name} is a module float mutated in the frame ({old!r} -> {new}); "
         "tracing it as a float64 tensor input"
     )
 
@@ -216,6 +230,13 @@ class ModuleFloatVariable(VariableTracker):
     def reconstruct(self, codegen: "PyCodegen") -> None:
         codegen(self.tensor)
 
+    def as_proxy(self) -> Any:
+        # Asked for by torch functions, math functions and methods taking the value:
+        # the float64 tensor is not a float there.
+        from ..symbolic_convert import InstructionTranslator
+
+        _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
+
     def bool_impl(self, tx: "InstructionTranslatorBase") -> VariableTracker | None:
         _unsupported(tx, [self], f"truth value of {self}")
 
@@ -235,10 +256,22 @@ class ModuleFloatVariable(VariableTracker):
         _unsupported(tx, [self], f"method {name!r} of {self}")
 
 
-def _unsupported(tx: "InstructionTranslatorBase", values: list[VariableTracker], context: str) -> NoReturn:
+def _can_graph_break(tx: "InstructionTranslatorBase") -> bool:
+    """Whether an Unsupported raised now becomes a graph break of the root frame (as
+    InstructionTranslatorBase's break_graph_if_unsupported decides), rather than
+    skipping the frame (a loop, fullgraph, a context manager) or failing the trace."""
     root = tx.output.root_tx
     inst = getattr(root, "current_instruction", None)
-    if inst is None or inst.opname not in _GRAPH_BREAKABLE:
+    return (
+        inst is not None
+        and inst.opname in _GRAPH_BREAKABLE
+        and root.should_compile_partial_graph()
+        and not root.maybe_has_backedge()
+    )
+
+
+def _unsupported(tx: "InstructionTranslatorBase", values: list[VariableTracker], context: str) -> NoReturn:
+    if not _can_graph_break(tx):
         # No graph break possible here: specialize these attributes on their value.
         origins = set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable)))
         _names(tx, "specialized_module_floats").update(origins)
@@ -265,25 +298,64 @@ def _unsupported(tx: "InstructionTranslatorBase", values: list[VariableTracker],
 
 
 def _is_number(vt: VariableTracker) -> bool:
-    # bool promotes differently; ints beyond 2**53 do not convert to a double exactly
-    # (Python rounds them, torch's Scalar rejects those beyond int64).
+    """An int or float constant, a SymInt (a module counter) or a SymFloat: Python
+    converts it to a double as torch does a Scalar. Not bool (it promotes
+    differently), not ints beyond 2**53 (Python rounds them, torch rejects those
+    beyond int64)."""
+    from .tensor import SymNodeVariable
+
+    if isinstance(vt, SymNodeVariable):
+        return vt.python_type() in (int, float)
     if not vt.is_python_constant():
         return False
     value = vt.as_python_constant()
     return type(value) is float or (type(value) is int and abs(value) <= 2**53)
 
 
-def _is_float_tensor(vt: VariableTracker) -> bool:
+def _number_proxy(vt: VariableTracker) -> Any:
+    from .tensor import SymNodeVariable
+
+    return vt.as_proxy() if isinstance(vt, SymNodeVariable) else vt.as_python_constant()
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _tensor_casts(
+    vt: VariableTracker, op: Any, float_first: bool
+) -> tuple[torch.dtype | None, torch.dtype | None] | None:
+    """For `t op f` (or `f op t` if float_first), t a tensor and f a Python float:
+    (dtype to cast t to, dtype to cast the float64 tensor to) so that the traced
+    tensor op computes what the op with a Python float computes, bitwise, or None.
+
+    With a Python float, the result dtype is t's if it is floating or complex, else the
+    default dtype (t is cast to it by the op); the float is read as a scalar in the
+    result's compute type (float32 for float16/bfloat16). The float64 0-d tensor is
+    cast to that compute type first, so that the CPU kernels and inductor read the
+    same scalar; a 0-d t would otherwise promote with it. Not traced: bool tensors
+    (`bool_tensor - 1.5` raises), 0-d float16/bfloat16/complex tensors, `f - t` and
+    `f / t` with float16/bfloat16 tensors (the scalar comes first there), tensors on
+    other devices (not verified)."""
     from .tensor import TensorVariable, UnspecializedPythonVariable
 
     if not isinstance(vt, TensorVariable) or isinstance(vt, UnspecializedPythonVariable):
-        return False
+        return None
     example = vt.proxy.node.meta.get("example_value")
-    return (
-        isinstance(example, torch.Tensor)
-        and example.dim() > 0
-        and (example.dtype.is_floating_point or example.dtype.is_complex)
-    )
+    if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
+        return None
+    dtype = example.dtype
+    if dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+        default = torch.get_default_dtype()
+        return (default, default) if default in (torch.float32, torch.float64) else None
+    if dtype in (torch.float32, torch.float64):
+        return None, dtype
+    if dtype in _LOW_PRECISION:
+        if example.dim() == 0 or (float_first and op in (operator.sub, operator.truediv)):
+            return None
+        return None, torch.float32
+    if dtype.is_complex and example.dim() > 0:
+        return None, None
+    return None
 
 
 def call_builtin(
@@ -306,46 +378,42 @@ def call_builtin(
         return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins)  # type: ignore[attr-defined]
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
-        a, b = args
         is_float = [isinstance(v, ModuleFloatVariable) for v in args]
         origins = frozenset().union(*(v.origins for v in args if isinstance(v, ModuleFloatVariable)))  # type: ignore[attr-defined]
         if all(f or _is_number(v) for f, v in zip(is_float, args)):
+            operands = [v.tensor.as_proxy() if f else _number_proxy(v) for f, v in zip(is_float, args)]  # type: ignore[attr-defined]
             if not is_float[0] and op is operator.truediv:
-                # c / f: divide a float64 tensor holding c, as Python divides c by f.
-                numerator = wrap_fx_proxy(
-                    tx,
-                    tx.output.create_proxy(
-                        "call_function",
-                        torch.full_like,
-                        (b.tensor.as_proxy(), a.as_python_constant()),  # type: ignore[attr-defined]
-                        {},
-                    ),
-                )
-                operands = (numerator.as_proxy(), b.tensor.as_proxy())  # type: ignore[attr-defined]
-            else:
-                operands = tuple(
-                    v.tensor.as_proxy() if f else v.as_python_constant()  # type: ignore[attr-defined]
-                    for f, v in zip(is_float, args)
-                )
-            return _float_result(tx, op, operands, origins)
-        if not all(is_float) and all(f or _is_float_tensor(v) for f, v in zip(is_float, args)):
-            if is_float[0] and op is operator.truediv:
-                # f / t: what Tensor.__rtruediv__ computes in eager.
-                recip = wrap_fx_proxy(
-                    tx, tx.output.create_proxy("call_method", "reciprocal", (b.as_proxy(),), {})
-                )
-                proxy = tx.output.create_proxy(
-                    "call_function", operator.mul, (recip.as_proxy(), a.tensor.as_proxy()), {}  # type: ignore[attr-defined]
-                )
-            else:
-                proxy = tx.output.create_proxy(
-                    "call_function",
-                    op,
-                    tuple(v.tensor.as_proxy() if f else v.as_proxy() for f, v in zip(is_float, args)),  # type: ignore[attr-defined]
-                    {},
-                )
-            return wrap_fx_proxy(tx, proxy)
+                # c / f: divide a float64 tensor holding c, as Python divides c by f
+                # (operator.truediv(c, tensor) would take a reciprocal, then multiply).
+                operands[0] = _proxy(tx, "call_function", torch.full_like, operands[1], operands[0])
+            return _float_result(tx, op, tuple(operands), origins)
+        if not all(is_float):
+            t_index = is_float.index(False)
+            float_first = t_index == 1
+            casts = _tensor_casts(args[t_index], op, float_first)
+            if casts is not None:
+                tensor_cast, float_cast = casts
+                f, t = args[1 - t_index].tensor.as_proxy(), args[t_index].as_proxy()  # type: ignore[attr-defined]
+                if tensor_cast is not None:
+                    t = _proxy(tx, "call_method", "to", t, tensor_cast)
+                if float_cast is not None:
+                    f = _proxy(tx, "call_method", "to", f, float_cast)
+                # `f op t` runs Tensor.__r<op>__ in eager; trace what it computes.
+                if float_first and op is operator.truediv:
+                    target, proxy_args = operator.mul, (_proxy(tx, "call_method", "reciprocal", t), f)
+                elif float_first and op is operator.sub:
+                    target, proxy_args = torch.rsub, (t, f)
+                else:
+                    target, proxy_args = op, (t, f)
+                return wrap_fx_proxy(tx, tx.output.create_proxy("call_function", target, proxy_args, {}))
     _unsupported(tx, args, f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})")
+
+
+def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) -> Any:
+    """A graph node with its example value (so later nodes can use it)."""
+    from .builder import wrap_fx_proxy
+
+    return wrap_fx_proxy(tx, tx.output.create_proxy(kind, target, args, {})).as_proxy()
 
 
 def _float_result(
