@@ -31,6 +31,8 @@ whose tensor form gives the same result, dtype and bits as the float form:
   ``f + t`` as ``t + f``, ``f * t`` as ``t * f``, ``f - t`` as ``torch.rsub(t, f)``,
   ``f / t`` as ``t.reciprocal() * f`` (Tensor.__r<op>__). See _tensor_casts for what is
   left out (bool tensors, some 0-d and float16/bfloat16 cases, other devices).
+- ``t.add(f)``, ``t.mul_(f)`` and the other add/sub/mul/div tensor methods (in place
+  only on a tensor that needs no cast) as the operators.
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 
 Any other use (comparisons and branches, ``%``, ``//``, ``**``, ``int()``, ``round()``,
@@ -407,6 +409,53 @@ def call_builtin(
                     target, proxy_args = op, (t, f)
                 return wrap_fx_proxy(tx, tx.output.create_proxy("call_function", target, proxy_args, {}))
     _unsupported(tx, args, f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})")
+
+
+_TENSOR_METHODS = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "div": operator.truediv,
+    "true_divide": operator.truediv,
+    "add_": operator.add,
+    "sub_": operator.sub,
+    "mul_": operator.mul,
+    "div_": operator.truediv,
+}
+
+
+def call_tensor_method(
+    tx: "InstructionTranslatorBase",
+    tensor: VariableTracker,
+    name: str,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+) -> VariableTracker | None:
+    """`t.mul_(f)` and the like (add, sub, mul, div, true_divide, in place or not,
+    no keyword arguments) with a ModuleFloatVariable f, as the binary operators
+    trace them; None to let TensorVariable.call_method handle the call (which
+    graph-breaks or specializes at as_proxy). In place, t is never cast (an integer
+    t raises in eager, as it does here)."""
+    from .builder import wrap_fx_proxy
+    from .tensor import TensorVariable
+
+    if (
+        type(tensor) is not TensorVariable
+        or name not in _TENSOR_METHODS
+        or kwargs
+        or len(args) != 1
+        or not isinstance(args[0], ModuleFloatVariable)
+    ):
+        return None
+    casts = _tensor_casts(tensor, _TENSOR_METHODS[name], False)
+    if casts is None or (name.endswith("_") and casts[0] is not None):
+        return None
+    f = args[0].tensor.as_proxy()  # type: ignore[attr-defined]
+    if casts[1] is not None:
+        f = _proxy(tx, "call_method", "to", f, casts[1])
+    return wrap_fx_proxy(
+        tx, tx.output.create_proxy("call_method", name, (tensor.as_proxy(), f), {})
+    )
 
 
 def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) -> Any:
