@@ -68,8 +68,10 @@ def floor_step(params, grads, bufs, lr, momentum):
 DYNAPATCH_SWITCHES = (
     "init_values_once",
     "dynamic_mutated_module_scalars",
+    "dynamic_mutated_module_floats",
     "explain_recompile_reasons",
     "hook_residuals",
+    "module_hook_residuals",
     "tensor_container_guards",
 )
 

@@ -1,12 +1,16 @@
 # Owner(s): ["module: dynamo"]
-"""nn.Module int attributes mutated by the compiled frame are traced as SymInts."""
+"""nn.Module int attributes mutated by the compiled frame are traced as SymInts, float
+attributes as 0-d float64 tensor inputs."""
 
+import math
+import operator
 import re
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+from torch._dynamo.utils import counters
 
 
 class Counter(torch.nn.Module):
@@ -65,6 +69,139 @@ class Decay(torch.nn.Module):
     def forward(self, x):
         self.temp *= 0.9
         return x / self.temp
+
+
+class DecayBranch(Decay):
+    """The value steers control flow: a comparison is not traced on the tensor form."""
+
+    def forward(self, x):
+        self.temp *= 0.9
+        if self.temp < 0.5:
+            return x.cos() * self.temp
+        return x.sin() * self.temp
+
+
+class DecayRecord(Decay):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        self.temp *= 0.9
+        self.seen.append(self.temp)
+        return x * self.temp
+
+
+class DecayArithmetic(Decay):
+    """Every traced form: with constants (both sides, c / f), with itself, in place,
+    unary, with float tensors (both sides, f / t), and a half tensor."""
+
+    def forward(self, x):
+        self.temp = 1.0 / (self.temp * 0.9 + 0.05) - 0.25
+        self.temp -= 3 * self.temp / 7
+        self.temp = abs(-self.temp) + 2 - (1.5 - self.temp) * float(self.temp)
+        y = (x - self.temp) * self.temp / (x + 3.0) + self.temp / (x.abs() + 1.0)
+        return y, x.half() / self.temp + self.temp
+
+
+class DecayWithTensors(Decay):
+    """`f op t` and `t op f` for + - * / with CPU tensors of every dtype the tensor
+    form traces (integer tensors, 0-d tensors, half precision, complex)."""
+
+    ops = (operator.add, operator.sub, operator.mul, operator.truediv)
+
+    def forward(self, tensors):
+        self.temp = self.temp * 0.9 + 0.013
+        out = []
+        for t in tensors:
+            for op in self.ops:
+                out.append(op(t, self.temp))
+                if t.dtype not in (torch.float16, torch.bfloat16) or op in (operator.add, operator.mul):
+                    out.append(op(self.temp, t))
+        return out
+
+
+class DecayLoopPow(Decay):
+    """An unsupported use in a loop, where Dynamo cannot graph-break."""
+
+    def forward(self, x):
+        self.temp *= 0.9
+        for _ in range(2):
+            x = x + math.exp(self.temp)
+        return x
+
+
+class Counted(Decay):
+    """A float computed from an int counter (both mutated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        self.temp = self.temp * 0.5 + self.step / 3
+        return x * self.temp
+
+
+class EmaDecay(Decay):
+    """Tensor methods taking the float, in place on a buffer and out of place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("avg", torch.zeros(4))
+
+    def forward(self, x):
+        self.temp = self.temp * 0.5 + 0.45
+        self.avg.mul_(self.temp).add_(x.mean(0).mul(1.0 - self.temp))
+        return x.div(self.temp).sub(self.temp) + self.avg
+
+
+class ScaleReadOnly(torch.nn.Module):
+    """A float that is only read (the user changes it between calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = 0.5
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class DecayExp(Decay):
+    def forward(self, x):
+        self.temp *= 0.9
+        return x * math.exp(self.temp)
+
+
+class DecayInt(Decay):
+    def forward(self, x):
+        self.temp *= 0.9
+        return x * int(self.temp * 10)
+
+
+class DecayPow(Decay):
+    """`**` is a binary operator, where Dynamo cannot graph-break: the attribute is
+    traced as stock Dynamo traces it."""
+
+    def forward(self, x):
+        self.temp *= 0.9
+        return x * self.temp**2
+
+
+class DecayIntTensor(Decay):
+    """An integer tensor promotes a float64 tensor differently from a float: it is
+    cast to the default dtype first, as the op does."""
+
+    def forward(self, x):
+        self.temp *= 0.9
+        return x + torch.arange(4) * self.temp
+
+
+class DecayNan(Decay):
+    def forward(self, x):
+        self.temp = self.temp * 1e200 * 1e200 * 0.0  # inf * 0.0: nan from the second call
+        return x * self.temp
 
 
 class PlainState:
@@ -155,12 +292,162 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(compiled_state.step, eager_state.step)
         self.assertLessEqual(cnt.frame_count, 2)
 
-    def test_float_attribute_keeps_stock_behaviour(self):
-        # Floats are not made symbolic (see module_scalars.SCALAR_TYPES); the decay
-        # must still be written back and used correctly on every call.
+    def run_float(self, cls, backend, calls=10, **kwargs):
+        """Eager and compiled copies of a float module on the same inputs: outputs and
+        `temp` must be bitwise equal (and `temp` a Python float) after every call."""
+        eager, compiled = cls(), cls()
+        compiled_fn = torch.compile(compiled, backend=backend, **kwargs)
+        for _ in range(calls):
+            x = torch.randn(3, 4)
+            self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0, exact_dtype=True)
+            self.assertIs(type(compiled.temp), float)
+            self.assertEqual(compiled.temp, eager.temp, atol=0, rtol=0)
+            if hasattr(eager, "seen"):
+                self.assertEqual(compiled.seen, eager.seen, atol=0, rtol=0)
+        return backend
+
+    def float_graph_breaks(self):
+        return sum(n for k, n in counters["graph_break"].items() if "mutated nn.Module float" in k)
+
+    def test_float_decay_compiles_once(self):
+        # Stock: 2 frames with the eager backend, 8 (the recompile limit) with
+        # aot_eager, where _tensorify_python_scalars specializes the SymFloat.
         for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
             torch._dynamo.reset()
-            self.run_both(Decay, backend, self.inputs((3,) * 10))
+            cnt = self.run_float(Decay, backend)
+            self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_decay_compiles_once_inductor(self):
+        cnt = self.run_float(Decay, CompileCounterWithBackend("inductor"), calls=4)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_arithmetic_is_bitwise_python(self):
+        for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
+            torch._dynamo.reset()
+            counters.clear()
+            cnt = self.run_float(DecayArithmetic, backend)
+            self.assertEqual(cnt.frame_count, 1)
+            self.assertEqual(self.float_graph_breaks(), 0)
+
+    def test_float_with_tensors_of_every_dtype_is_bitwise_eager(self):
+        def tensors():
+            return [
+                torch.randn(50) * 3,
+                torch.randn(50, dtype=torch.float64),
+                torch.randn(50).half(),
+                torch.randn(50).bfloat16(),
+                torch.randn(50, dtype=torch.complex64),
+                torch.arange(-25, 25),
+                torch.arange(1, 51, dtype=torch.int32),
+                torch.arange(50, dtype=torch.uint8),
+                torch.tensor(1.7),
+                torch.tensor(1.3, dtype=torch.float64),
+                torch.tensor(3),
+            ]
+
+        cnt = CompileCounter()
+        eager, compiled = DecayWithTensors(), DecayWithTensors()
+        compiled_fn = torch.compile(compiled, backend=cnt)
+        for _ in range(4):
+            ts = tensors()
+            self.assertEqual(compiled_fn(ts), eager(ts), atol=0, rtol=0, exact_dtype=True)
+            self.assertEqual(compiled.temp, eager.temp, atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_in_tensor_methods(self):
+        # Stock: 2 frames (eager backend), 6 (aot_eager), and wrong under inductor.
+        for backend, calls in (
+            (CompileCounter(), 6),
+            (CompileCounterWithBackend("aot_eager"), 6),
+            (CompileCounterWithBackend("inductor"), 3),
+        ):
+            torch._dynamo.reset()
+            eager, compiled = EmaDecay(), EmaDecay()
+            compiled_fn = torch.compile(compiled, backend=backend)
+            for _ in range(calls):
+                x = torch.randn(3, 4)
+                self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0)
+                self.assertEqual(compiled.avg, eager.avg, atol=0, rtol=0)
+                self.assertEqual(compiled.temp, eager.temp, atol=0, rtol=0)
+            self.assertEqual(backend.frame_count, 1)
+
+    def test_float_from_int_counter(self):
+        for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
+            torch._dynamo.reset()
+            cnt = self.run_float(Counted, backend)
+            self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_unsupported_use_without_graph_break_specializes(self):
+        # In a loop (and with fullgraph=True) Dynamo cannot graph-break: the attribute
+        # is specialized instead of the frame being skipped or failing.
+        for kwargs in ({}, {"fullgraph": True}):
+            torch._dynamo.reset()
+            cnt = self.run_float(DecayLoopPow, CompileCounter(), calls=3, **kwargs)
+            self.assertEqual(cnt.frame_count, 3, kwargs)
+
+    def test_float_nan_needs_no_guard(self):
+        cnt = self.run_float(DecayNan, CompileCounter(), calls=4)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_branch_graph_breaks_without_recompiling(self):
+        # The comparison graph-breaks (the rest of the frame sees the real float):
+        # one graph before it and one per branch taken, none recompiled on the value.
+        # Stock: 3 frames (eager backend), 8 (aot_eager).
+        for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
+            torch._dynamo.reset()
+            counters.clear()
+            cnt = self.run_float(DecayBranch, backend)
+            self.assertEqual(cnt.frame_count, 3)
+            self.assertEqual(self.float_graph_breaks(), 1)
+
+    def test_float_escaping_into_list(self):
+        # The list grows, so its length guard recompiles as in stock.
+        self.run_float(DecayRecord, CompileCounter(), calls=5)
+
+    def test_float_unsupported_uses_fall_back_soundly(self):
+        # (model, frames over 6 calls, graph breaks)
+        cases = [
+            (DecayExp, 3, 1),  # math.exp: graph break at the call (stock: 6 frames)
+            (DecayInt, 3, 1),  # int(): graph break at the call (stock: 2 frames)
+            # A binary operator, where Dynamo cannot graph-break: restart with the
+            # attribute specialized, one compile per value (stock: 2 frames, as a
+            # SymFloat, which inductor writes back stale for DecayPow).
+            (DecayPow, 6, 0),
+            # An integer tensor operand is cast as the op casts it: traced (stock: 2).
+            (DecayIntTensor, 1, 0),
+        ]
+        for cls, frames, breaks in cases:
+            torch._dynamo.reset()
+            counters.clear()
+            cnt = self.run_float(cls, CompileCounter(), calls=6)
+            self.assertEqual((cnt.frame_count, self.float_graph_breaks()), (frames, breaks), cls.__name__)
+
+    def test_float_specialized_fallback_is_right_under_inductor(self):
+        # Stock 2.13 writes back a stale temp here from the third call.
+        cnt = self.run_float(DecayPow, CompileCounterWithBackend("inductor"), calls=4)
+        self.assertEqual(cnt.frame_count, 4)
+
+    def test_read_only_float_keeps_stock_behaviour(self):
+        eager, compiled = ScaleReadOnly(), ScaleReadOnly()
+        cnt = CompileCounter()
+        compiled_fn = torch.compile(compiled, backend=cnt)
+        for scale in (0.5, 0.5, 0.25, 0.125, 0.125):
+            eager.scale = compiled.scale = scale
+            x = torch.randn(3, 4)
+            self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0)
+        # Stock: specialized on the first compile, a SymFloat after the first change.
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_float_switches_off_restore_stock_behaviour(self):
+        for patch in (
+            {"dynamic_mutated_module_floats": False},
+            {"dynamic_mutated_module_scalars": False},
+            {"specialize_float": True},
+        ):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(**patch):
+                cnt = self.run_float(Decay, CompileCounter(), calls=4)
+            self.assertEqual(cnt.frame_count, 4 if "specialize_float" in patch else 2, patch)
 
     def test_switch_off_restores_stock_specialization(self):
         with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):
@@ -175,8 +462,8 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cnt.frame_count, 3, patch)
 
 
-def step_guard_lines(fn):
-    """The guards on L['self'].step of every cache entry of `fn`, as TORCH_LOGS=guards
+def step_guard_lines(fn, name="step"):
+    """The guards on L['self'].<name> of every cache entry of `fn`, as TORCH_LOGS=guards
     prints them, without tree drawing, object ids and source comments."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
@@ -184,7 +471,7 @@ def step_guard_lines(fn):
     for entry in _debug_get_cache_entry_list(fn):
         lines = []
         for line in str(entry.guard_manager).splitlines():
-            if "L['self'].step" in line:
+            if f"L['self'].{name}" in line:
                 line = re.sub(r"^[| ]*\+- ", "", line)
                 line = re.sub(r"\s+#.*$", "", line)
                 lines.append(re.sub(r"\b\d{6,}\b", "<id>", line))
@@ -213,6 +500,18 @@ LAMBDA_GUARD: ((1 + L['self'].step) % 2) == 0
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
 LAMBDA_GUARD: ((1 + L['self'].step) % 2) != 0""", skip=1)
+
+    def test_decay_guards_have_no_value_equality_and_no_nan_lambda(self):
+        model = torch.compile(Decay(), backend="aot_eager")
+        for _ in range(3):
+            model(torch.randn(3, 4))
+        self.assertExpectedInline(step_guard_lines(Decay.forward, "temp"), """\
+GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'), type=<class 'float'>, tag_safe=(False, False)
+TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>""", skip=1)
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        (entry,) = _debug_get_cache_entry_list(Decay.forward)
+        self.assertNotIn("isnan", str(entry.guard_manager))
 
 
 if __name__ == "__main__":

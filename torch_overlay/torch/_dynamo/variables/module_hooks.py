@@ -54,8 +54,9 @@ registers without calling the module installs no guard. Code compiled by other
 frames before the hook was added keeps the stock behaviour.
 """
 
+import contextlib
 import itertools
-import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn, TYPE_CHECKING
 
 import torch
@@ -321,20 +322,28 @@ def maybe_register(
     return handle
 
 
+@contextlib.contextmanager
+def counting_hooks(tx: "InstructionTranslatorBase") -> Iterator[None]:
+    """Hook dicts read inside only have their length taken.
+
+    UnspecializedNNModuleVariable.call_function reads the module's hook dicts to
+    decide whether to inline ``forward`` directly or ``Module._call_impl``; a
+    pending registration must count there, and it cannot leak a placeholder id.
+    """
+    output = tx.output
+    saved = getattr(output, "_counting_module_hooks", False)
+    output._counting_module_hooks = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        output._counting_module_hooks = saved  # type: ignore[attr-defined]
+
+
 def _allowed_reader(tx: "InstructionTranslatorBase") -> bool:
     code = tx.f_code
     if (code.co_filename, code.co_name) in _ALLOWED_READERS:
         return True
-    # UnspecializedNNModuleVariable.call_function asks whether the module has
-    # hooks (lengths only) on the caller's frame.
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            break
-        if frame.f_code.co_name == "_hooks_dict_len":
-            return True
-        frame = frame.f_back
-    return False
+    return getattr(tx.output, "_counting_module_hooks", False)
 
 
 def hooks_dict(

@@ -1,0 +1,476 @@
+"""Float attributes of nn.Modules that a compiled frame mutates, traced as 0-d float64
+tensor graph inputs.
+
+Stock Dynamo specializes a float attribute on its value on the first compile and makes
+it a SymFloat once it has changed (automatic dynamic). A decay such as
+``self.temp *= 0.9`` so compiles twice, guards with ``not math.isnan(...)`` (a Python
+lambda at the root of the guard tree), and under AOTAutograd the SymFloat the graph
+returns for the write-back is specialized by _tensorify_python_scalars: one compile per
+value (and, with assume_static_by_default=False, a stale value under inductor).
+
+As for ints (module_scalars.py), the frame tells a mutated float apart by storing a new
+value to it: `unspecialize_on_store` marks the attribute's source on the root frame's
+PGO CodeState and restarts analysis. On the restarted trace the attribute becomes a
+graph input passed as a 0-d float64 tensor (the tensor wrap_symfloat builds before its
+item(), without a backed item() symbol), held by a ModuleFloatVariable. The shape
+environment never sees the value: no guard on it, no NaN guard, nothing for
+_tensorify_python_scalars to specialize; the only guard is TYPE_MATCH. The graph returns
+the new value as a tensor and the residual stores ``out.item()`` on the module.
+
+A tensor is not a Python float, so ModuleFloatVariable lets through only the operations
+whose tensor form gives the same result, dtype and bits as the float form:
+
+- ``+ - * /`` (and their in-place forms), unary ``- + abs()`` with an int (|i| <= 2**53)
+  or float constant, a SymInt (a module counter), a SymFloat or another such variable:
+  IEEE double arithmetic, exactly Python's.
+  ``c / f`` divides a float64 tensor holding c (``operator.truediv(c, tensor)`` would run
+  Tensor.__rtruediv__, a reciprocal and a multiply).
+- ``+ - * /`` with a CPU tensor t: the float64 tensor is cast to the compute type of
+  the result (float32 for float16/bfloat16) and an integer t to the default dtype, as
+  the op does with a Python scalar, then the op is traced as eager computes it:
+  ``f + t`` as ``t + f``, ``f * t`` as ``t * f``, ``f - t`` as ``torch.rsub(t, f)``,
+  ``f / t`` as ``t.reciprocal() * f`` (Tensor.__r<op>__). See _tensor_casts for what is
+  left out (bool tensors, some 0-d and float16/bfloat16 cases, other devices).
+- ``t.add(f)``, ``t.mul_(f)`` and the other add/sub/mul/div tensor methods (in place
+  only on a tensor that needs no cast) as the operators.
+- ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
+
+Any other use (comparisons and branches, ``%``, ``//``, ``**``, ``int()``, ``round()``,
+``math`` and torch functions, methods, formatting, hashing, the tensor operands
+_tensor_casts leaves out) graph-breaks when Dynamo can
+graph-break there (calls, comparisons and stores outside loops, context managers and
+fullgraph: the rest of the frame then runs with the real float). Where it cannot
+(binary and unary operators, truth tests, loops, fullgraph=True), the attributes the value
+derives from are recorded as specialized for the frame and analysis restarts: they are
+then specialized on their value (CONSTANT_MATCH, a recompile per value as with
+specialize_float), never made SymFloats, which stock makes them after a change but
+which _tensorify_python_scalars specializes per value anyway and inductor can write back
+stale (``self.temp *= 0.9; return x * self.temp ** 2`` on stock 2.13). They are never
+marked again, so each attribute restarts a trace at most twice.
+
+Marks are keyed by the original frame's code, also when the frame is a resume function
+after a graph break, so the rest of the frame sees the same attribute as a tensor input.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, NoReturn, TYPE_CHECKING
+
+import torch
+
+from .. import config, graph_break_hints
+from ..exc import unimplemented, UnspecializeRestartAnalysis
+from .base import VariableTracker
+
+
+if TYPE_CHECKING:
+    from torch._dynamo.codegen import PyCodegen
+    from torch._dynamo.source import Source
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    from .builder import VariableBuilder
+    from .tensor import UnspecializedPythonVariable
+
+
+log = logging.getLogger(__name__)
+
+# Instructions at which an Unsupported becomes a graph break (break_graph_if_unsupported).
+_GRAPH_BREAKABLE = frozenset(
+    {"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX",
+     "COMPARE_OP", "STORE_ATTR", "STORE_SUBSCR"}
+)
+
+
+def enabled() -> bool:
+    from ..module_scalars import enabled as scalars_enabled
+
+    return scalars_enabled() and config.dynamic_mutated_module_floats
+
+
+def _type_enabled(tx: "InstructionTranslatorBase") -> bool:
+    # specialize_float: the user asked for static floats. Export takes only local
+    # inputs. Cudagraphs cannot take the CPU float64 input (as in wrap_symfloat).
+    return not (
+        config.specialize_float
+        or tx.export
+        or torch._inductor.config.triton.cudagraphs
+    )
+
+
+def _code_state(tx: "InstructionTranslatorBase") -> Any:
+    from ..pgo import CodeId, get_code_state
+    from ..resume_execution import ContinueExecutionCache
+
+    root = tx.output.root_tx
+    code = root.f_code
+    meta = ContinueExecutionCache.generated_code_metadata.get(code)
+    if meta is not None:
+        code = meta.code  # a resume function: share the original frame's marks
+    return get_code_state()[CodeId.make(code, root.closure)]
+
+
+def _names(tx: "InstructionTranslatorBase", field: str) -> set[str]:
+    state = _code_state(tx)
+    names = getattr(state, field, None)
+    if names is None:  # a CodeState unpickled from a profile written before the field existed
+        names = set()
+        setattr(state, field, names)
+    return names
+
+
+def is_mutated_module_float(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+    """True if `source` names a float module attribute this code is known to mutate."""
+    if type(value) is not float or not enabled() or not _type_enabled(tx):
+        return False
+    return source.name in _names(tx, "mutated_module_floats")
+
+
+def is_specialized_module_float(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+    """True if `source` names a mutated float attribute with a use the tensor form
+    cannot trace: it is specialized on its value (CONSTANT_MATCH), not made a
+    SymFloat, because a SymFloat written back by a graph is specialized per value by
+    _tensorify_python_scalars and, under inductor, can be written back stale."""
+    if type(value) is not float or not enabled():
+        return False
+    return source.name in _names(tx, "specialized_module_floats")
+
+
+def wrap_mutated_float(builder: "VariableBuilder", value: float) -> VariableTracker | None:
+    """The marked float attribute at builder.source as a ModuleFloatVariable holding a
+    0-d float64 tensor graph input, or None to leave it to stock wrapping."""
+    tensor = builder.tx.output.unspec_variable_map.get(builder.name)
+    if tensor is None:
+        tensor = builder.wrap_float_as_tensor_input(value, item_symbol=False)
+        if tensor is None:
+            return None
+    return ModuleFloatVariable(tensor, frozenset({builder.source.name}), source=builder.source)
+
+
+def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
+    """Called for every attribute store; restarts analysis the first time a float
+    instance attribute of a module gets a new constant value, after marking it."""
+    from ..module_scalars import _original_value
+    from ..source import AttrSource
+    from ..symbolic_convert import InstructionTranslator
+    from .nn_module import UnspecializedNNModuleVariable
+
+    from .tensor import SymNodeVariable
+
+    if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
+        return
+    old = _original_value(item, name)
+    if type(old) is not float:
+        return
+    if isinstance(value, SymNodeVariable):
+        # A SymFloat (computed from a SymInt counter, say) would be written back as a
+        # SymFloat, which _tensorify_python_scalars specializes per value.
+        if value.python_type() is not float:
+            return
+        new = "a SymFloat"
+    elif value.is_python_constant():
+        new = value.as_python_constant()
+        if type(new) is not float or new == old or (new != new and old != old):
+            return  # not a float, or no change (NaN over NaN is none either)
+        new = repr(new)
+    else:
+        return  # already a tensor input, or not a number
+    tx = InstructionTranslator.current_tx()
+    if not _type_enabled(tx):
+        return
+    source_name = AttrSource(item.source, name).name
+    if source_name in _names(tx, "specialized_module_floats"):
+        return  # a use the tensor form cannot trace: specialized for this frame
+    marked = _names(tx, "mutated_module_floats")
+    if source_name in marked:
+        return  # never restart twice for one attribute
+    marked.add(source_name)
+    log.debug("%s is mutated by the frame (%r -> %s): restarting with it a tensor input", source_name, old, new)
+    raise UnspecializeRestartAnalysis(
+        f"{source_name} is a module float mutated in the frame ({old!r} -> {new}); "
+        "tracing it as a float64 tensor input"
+    )
+
+
+_ARITH = {
+    operator.add: operator.add,
+    operator.iadd: operator.add,
+    operator.sub: operator.sub,
+    operator.isub: operator.sub,
+    operator.mul: operator.mul,
+    operator.imul: operator.mul,
+    operator.truediv: operator.truediv,
+    operator.itruediv: operator.truediv,
+}
+_UNARY = {operator.neg, operator.pos, abs}
+
+
+class ModuleFloatVariable(VariableTracker):
+    """A Python float held by the graph as a 0-d float64 tensor (`tensor`, an
+    UnspecializedPythonVariable that reconstructs as ``graph_out.item()``)."""
+
+    _nonvar_fields = {"origins", *VariableTracker._nonvar_fields}
+
+    def __init__(
+        self, tensor: "UnspecializedPythonVariable", origins: frozenset[str], **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.tensor = tensor
+        # the marked attributes (source names) this value is computed from
+        self.origins = origins
+
+    def __repr__(self) -> str:
+        return f"ModuleFloatVariable({self.source.name if self.source else ''})"
+
+    def python_type(self) -> type:
+        return float
+
+    def is_python_constant(self) -> bool:
+        return False
+
+    def reconstruct(self, codegen: "PyCodegen") -> None:
+        codegen(self.tensor)
+
+    def as_proxy(self) -> Any:
+        # Asked for by torch functions, math functions and methods taking the value:
+        # the float64 tensor is not a float there.
+        from ..symbolic_convert import InstructionTranslator
+
+        _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
+
+    def bool_impl(self, tx: "InstructionTranslatorBase") -> VariableTracker | None:
+        _unsupported(tx, [self], f"truth value of {self}")
+
+    def hash_impl(self, tx: "InstructionTranslatorBase") -> tuple[int, bool]:
+        _unsupported(tx, [self], f"hash of {self}")
+
+    def var_getattr(self, tx: "InstructionTranslatorBase", name: str) -> VariableTracker:
+        _unsupported(tx, [self], f"attribute {name!r} of {self}")
+
+    def call_method(
+        self,
+        tx: "InstructionTranslatorBase",
+        name: str,
+        args: list[VariableTracker],
+        kwargs: dict[str, VariableTracker],
+    ) -> VariableTracker:
+        _unsupported(tx, [self], f"method {name!r} of {self}")
+
+
+def _can_graph_break(tx: "InstructionTranslatorBase") -> bool:
+    """Whether an Unsupported raised now becomes a graph break of the root frame (as
+    InstructionTranslatorBase's break_graph_if_unsupported decides), rather than
+    skipping the frame (a loop, fullgraph, a context manager) or failing the trace."""
+    root = tx.output.root_tx
+    inst = getattr(root, "current_instruction", None)
+    return (
+        inst is not None
+        and inst.opname in _GRAPH_BREAKABLE
+        and root.should_compile_partial_graph()
+        and not root.maybe_has_backedge()
+    )
+
+
+def _unsupported(tx: "InstructionTranslatorBase", values: list[VariableTracker], context: str) -> NoReturn:
+    if not _can_graph_break(tx):
+        # No graph break possible here: specialize these attributes on their value.
+        origins = set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable)))
+        _names(tx, "specialized_module_floats").update(origins)
+        _names(tx, "mutated_module_floats").difference_update(origins)
+        log.debug("%s: restarting with %s specialized", context, sorted(origins))
+        raise UnspecializeRestartAnalysis(
+            f"{context}: unsupported for a float64 tensor input; specializing {sorted(origins)}"
+        )
+    unimplemented(
+        gb_type="Unsupported use of a mutated nn.Module float attribute",
+        context=context,
+        explanation="A float attribute of an nn.Module that the compiled frame assigns to is "
+        "traced as a float64 tensor, which only arithmetic (+ - * / with numbers, other such "
+        "floats and floating-point tensors with at least one dimension) computes exactly like a "
+        "Python float. Dynamo graph-breaks before any other use (comparisons, branches, int(), "
+        "math functions, ...), which then runs with the real float.",
+        hints=[
+            "Keep the value as a tensor (a buffer) if it steers control flow, or set "
+            "torch._dynamo.config.dynamic_mutated_module_scalars = False to trace it as stock "
+            "Dynamo does (specialized, recompiling when it changes).",
+            *graph_break_hints.SUPPORTABLE,
+        ],
+    )
+
+
+def _is_number(vt: VariableTracker) -> bool:
+    """An int or float constant, a SymInt (a module counter) or a SymFloat: Python
+    converts it to a double as torch does a Scalar. Not bool (it promotes
+    differently), not ints beyond 2**53 (Python rounds them, torch rejects those
+    beyond int64)."""
+    from .tensor import SymNodeVariable
+
+    if isinstance(vt, SymNodeVariable):
+        return vt.python_type() in (int, float)
+    if not vt.is_python_constant():
+        return False
+    value = vt.as_python_constant()
+    return type(value) is float or (type(value) is int and abs(value) <= 2**53)
+
+
+def _number_proxy(vt: VariableTracker) -> Any:
+    from .tensor import SymNodeVariable
+
+    return vt.as_proxy() if isinstance(vt, SymNodeVariable) else vt.as_python_constant()
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _tensor_casts(
+    vt: VariableTracker, op: Any, float_first: bool
+) -> tuple[torch.dtype | None, torch.dtype | None] | None:
+    """For `t op f` (or `f op t` if float_first), t a tensor and f a Python float:
+    (dtype to cast t to, dtype to cast the float64 tensor to) so that the traced
+    tensor op computes what the op with a Python float computes, bitwise, or None.
+
+    With a Python float, the result dtype is t's if it is floating or complex, else the
+    default dtype (t is cast to it by the op); the float is read as a scalar in the
+    result's compute type (float32 for float16/bfloat16). The float64 0-d tensor is
+    cast to that compute type first, so that the CPU kernels and inductor read the
+    same scalar; a 0-d t would otherwise promote with it. Not traced: bool tensors
+    (`bool_tensor - 1.5` raises), 0-d float16/bfloat16/complex tensors, `f - t` and
+    `f / t` with float16/bfloat16 tensors (the scalar comes first there), tensors on
+    other devices (not verified)."""
+    from .tensor import TensorVariable, UnspecializedPythonVariable
+
+    if not isinstance(vt, TensorVariable) or isinstance(vt, UnspecializedPythonVariable):
+        return None
+    example = vt.proxy.node.meta.get("example_value")
+    if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
+        return None
+    dtype = example.dtype
+    if dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+        default = torch.get_default_dtype()
+        return (default, default) if default in (torch.float32, torch.float64) else None
+    if dtype in (torch.float32, torch.float64):
+        return None, dtype
+    if dtype in _LOW_PRECISION:
+        if example.dim() == 0 or (float_first and op in (operator.sub, operator.truediv)):
+            return None
+        return None, torch.float32
+    if dtype.is_complex and example.dim() > 0:
+        return None, None
+    return None
+
+
+def call_builtin(
+    tx: "InstructionTranslatorBase",
+    fn: Any,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+) -> VariableTracker | None:
+    """BuiltinVariable(fn)(*args, **kwargs) when an argument is a ModuleFloatVariable.
+    Returns None for the calls the stock handlers do right on it (isinstance, type)."""
+    from .builder import wrap_fx_proxy
+
+    if fn in (isinstance, type):
+        return None
+    args = [a.realize() for a in args]
+    if not kwargs and fn is float and len(args) == 1:
+        return args[0]
+    if not kwargs and fn in _UNARY and len(args) == 1:
+        (a,) = args
+        return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins)  # type: ignore[attr-defined]
+    if not kwargs and fn in _ARITH and len(args) == 2:
+        op = _ARITH[fn]
+        is_float = [isinstance(v, ModuleFloatVariable) for v in args]
+        origins = frozenset().union(*(v.origins for v in args if isinstance(v, ModuleFloatVariable)))  # type: ignore[attr-defined]
+        if all(f or _is_number(v) for f, v in zip(is_float, args)):
+            operands = [v.tensor.as_proxy() if f else _number_proxy(v) for f, v in zip(is_float, args)]  # type: ignore[attr-defined]
+            if not is_float[0] and op is operator.truediv:
+                # c / f: divide a float64 tensor holding c, as Python divides c by f
+                # (operator.truediv(c, tensor) would take a reciprocal, then multiply).
+                operands[0] = _proxy(tx, "call_function", torch.full_like, operands[1], operands[0])
+            return _float_result(tx, op, tuple(operands), origins)
+        if not all(is_float):
+            t_index = is_float.index(False)
+            float_first = t_index == 1
+            casts = _tensor_casts(args[t_index], op, float_first)
+            if casts is not None:
+                tensor_cast, float_cast = casts
+                f, t = args[1 - t_index].tensor.as_proxy(), args[t_index].as_proxy()  # type: ignore[attr-defined]
+                if tensor_cast is not None:
+                    t = _proxy(tx, "call_method", "to", t, tensor_cast)
+                if float_cast is not None:
+                    f = _proxy(tx, "call_method", "to", f, float_cast)
+                # `f op t` runs Tensor.__r<op>__ in eager; trace what it computes.
+                if float_first and op is operator.truediv:
+                    target, proxy_args = operator.mul, (_proxy(tx, "call_method", "reciprocal", t), f)
+                elif float_first and op is operator.sub:
+                    target, proxy_args = torch.rsub, (t, f)
+                else:
+                    target, proxy_args = op, (t, f)
+                return wrap_fx_proxy(tx, tx.output.create_proxy("call_function", target, proxy_args, {}))
+    _unsupported(tx, args, f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})")
+
+
+_TENSOR_METHODS = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "div": operator.truediv,
+    "true_divide": operator.truediv,
+    "add_": operator.add,
+    "sub_": operator.sub,
+    "mul_": operator.mul,
+    "div_": operator.truediv,
+}
+
+
+def call_tensor_method(
+    tx: "InstructionTranslatorBase",
+    tensor: VariableTracker,
+    name: str,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+) -> VariableTracker | None:
+    """`t.mul_(f)` and the like (add, sub, mul, div, true_divide, in place or not,
+    no keyword arguments) with a ModuleFloatVariable f, as the binary operators
+    trace them; None to let TensorVariable.call_method handle the call (which
+    graph-breaks or specializes at as_proxy). In place, t is never cast (an integer
+    t raises in eager, as it does here)."""
+    from .builder import wrap_fx_proxy
+    from .tensor import TensorVariable
+
+    if (
+        type(tensor) is not TensorVariable
+        or name not in _TENSOR_METHODS
+        or kwargs
+        or len(args) != 1
+        or not isinstance(args[0], ModuleFloatVariable)
+    ):
+        return None
+    casts = _tensor_casts(tensor, _TENSOR_METHODS[name], False)
+    if casts is None or (name.endswith("_") and casts[0] is not None):
+        return None
+    f = args[0].tensor.as_proxy()  # type: ignore[attr-defined]
+    if casts[1] is not None:
+        f = _proxy(tx, "call_method", "to", f, casts[1])
+    return wrap_fx_proxy(
+        tx, tx.output.create_proxy("call_method", name, (tensor.as_proxy(), f), {})
+    )
+
+
+def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) -> Any:
+    """A graph node with its example value (so later nodes can use it)."""
+    from .builder import wrap_fx_proxy
+
+    return wrap_fx_proxy(tx, tx.output.create_proxy(kind, target, args, {})).as_proxy()
+
+
+def _float_result(
+    tx: "InstructionTranslatorBase", op: Any, proxy_args: tuple[Any, ...], origins: frozenset[str]
+) -> ModuleFloatVariable:
+    from .builder import wrap_fx_proxy_cls
+    from .tensor import UnspecializedPythonVariable
+
+    proxy = tx.output.create_proxy("call_function", op, proxy_args, {})
+    tensor = wrap_fx_proxy_cls(UnspecializedPythonVariable, tx, proxy, raw_value=None, need_unwrap=True)
+    return ModuleFloatVariable(tensor, origins)  # type: ignore[arg-type]
