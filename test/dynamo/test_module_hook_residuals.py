@@ -3,14 +3,16 @@
 (config.module_hook_residuals).
 
 Every case runs the same protocol eagerly and compiled (CompileCounter with the
-eager backend, and aot_eager): three calls on one module; after each call record
-the outputs, the returned or stored handles' types, the number of entries in the
+eager backend, aot_eager, and aot_eager with compiled autograd): three calls on one
+module; after each call record the outputs, the gradients of a backward through
+them, the returned or stored handles' types, the number of entries in the
 module's forward / forward-pre / with_kwargs hook dicts and how often hooks ran;
 then remove() the handles the protocol is told to remove and count again.
 """
 
 import torch
 import torch._dynamo.test_case
+from torch._dynamo import compiled_autograd
 import torch._dynamo.testing
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import counters
@@ -193,7 +195,7 @@ CASES = {
     "registration_then_graph_break": (registration_then_graph_break, True, 1, 1),
 }
 
-MODES = ("eager", "aot_eager")
+MODES = ("eager", "aot_eager", "compiled_autograd")
 
 
 def hook_counts(mod):
@@ -219,10 +221,16 @@ def run_protocol(fn, remove_after, calls=3):
         out = fn(m, x)
         out = list(out) if isinstance(out, tuple) else [out]
         handles = [h for h in [*out, m.h, *m.handles] if isinstance(h, RemovableHandle)]
+        tensors = [o for o in out if isinstance(o, torch.Tensor)]
+        m.lin.zero_grad(set_to_none=True)
+        differentiable = [t for t in tensors if t.requires_grad]
+        if differentiable:  # frames that do not call the module return x + 1
+            sum(t.sum() for t in differentiable).backward()
         record = {
             "returned": [kind(o) for o in out],
             "stored": [kind(h) for h in [m.h, *m.handles]],
-            "out": [o.clone() for o in out if isinstance(o, torch.Tensor)],
+            "out": [o.detach().clone() for o in tensors],
+            "grads": [None if p.grad is None else p.grad.clone() for p in m.lin.parameters()],
             "hooks after call": hook_counts(m.lin),
             "fired": FIRED.tolist(),
             "ids fresh": len({h.id for h in handles}) == len(handles),
@@ -240,8 +248,17 @@ def run_protocol(fn, remove_after, calls=3):
 def run_compiled(fn, mode, remove_after, calls=3):
     torch._dynamo.reset()
     counters.clear()
-    cnt = CompileCounter() if mode == "eager" else CompileCounterWithBackend(mode)
-    seen = run_protocol(torch.compile(fn, backend=cnt), remove_after, calls)
+    if mode == "eager":
+        cnt = CompileCounter()
+    else:
+        cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=cnt)
+    if mode == "compiled_autograd":
+        # On while the forward is traced too, as in real use.
+        with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            seen = run_protocol(compiled, remove_after, calls)
+    else:
+        seen = run_protocol(compiled, remove_after, calls)
     return seen, cnt.frame_count, sum(counters["graph_break"].values())
 
 
