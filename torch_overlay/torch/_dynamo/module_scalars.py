@@ -38,10 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The scalar types that are made symbolic: exact int (bool is excluded). Floats are
-# left to stock behaviour for now: AOTAutograd's _tensorify_python_scalars pass
-# specializes a written-back SymFloat (one recompile per value under aot_eager) and
-# inductor writes back a stale value (wrong results), so a symbolic float here would
-# trade recompiles for wrong answers.
+# not made SymFloats: AOTAutograd's _tensorify_python_scalars pass specializes a
+# written-back SymFloat (one recompile per value under aot_eager) and inductor writes
+# back a stale value (wrong results). variables/module_float.py traces them as 0-d
+# float64 tensor inputs instead.
 SCALAR_TYPES = (int,)
 
 
