@@ -375,7 +375,11 @@ def plan_tensor_containers(
     if tensor_guards < min_size:
         return base
     ext = guard_accel.extension()
-    if ext is None or not hasattr(ext, "make_object_identity_guard"):
+    if (
+        ext is None
+        or not config.tensor_container_nested_guards
+        or not hasattr(ext, "make_object_identity_guard")
+    ):
         # An extension without this module's guards: guard_accel's plan only.
         return NestedTensorContainerPlan(ext, base.containers) if base is not None else None
     containers = list(base.containers) if base is not None else []
