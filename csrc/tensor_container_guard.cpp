@@ -842,6 +842,25 @@ bool TensorContainerGuard::run(PyObject* container, Mismatch* out) {
       group_ != nullptr ? &group_->participant(participant_) : nullptr;
   PyObject* const* elements = elements_.data();
   const Py_ssize_t n = static_cast<Py_ssize_t>(records_.size());
+  // Checking a grad's metadata may create its Python object (THPVariable_Wrap),
+  // and an allocation may run the garbage collector and so finalizers, which
+  // could mutate the container. Then the elements are held, in a vector of
+  // this call's own (a nested check of this guard may reuse elements_).
+  struct Held {
+    std::vector<PyObject*> objs;
+    ~Held() {
+      for (PyObject* o : objs) {
+        Py_DECREF(o);
+      }
+    }
+  } held;
+  if (!grad_records_.empty()) {
+    held.objs.assign(elements_.begin(), elements_.begin() + n);
+    for (PyObject* o : held.objs) {
+      Py_INCREF(o);
+    }
+    elements = held.objs.data();
+  }
   for (Py_ssize_t i = 0; i < n; i++) {
     prefetch_ahead(elements, i);
     if (!check_record<kVerbose>(records_[i], elements[i], ds, alias, out)) {
@@ -1087,6 +1106,37 @@ PyObject* guard_len(PyObject* self, PyObject*) {
       static_cast<Py_ssize_t>(reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
 }
 
+PyObject* guard_summary(PyObject* self, PyObject*) {
+  TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
+  std::ostringstream os;
+  os << "tensor metadata of " << g->records_.size()
+     << " tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, "
+        "shape, stride, requires_grad, identity)";
+  size_t none = 0, present = 0, metadata = 0;
+  for (const Record& r : g->records_) {
+    none += r.grad == kGradMustBeNone;
+    present += r.grad == kGradMustBePresent;
+    metadata += r.grad >= 0;
+  }
+  if (none + present + metadata > 0) {
+    os << ", with the .grad of " << none + present + metadata << " of them (";
+    const char* sep = "";
+    if (metadata) {
+      os << metadata << " tensor metadata";
+      sep = ", ";
+    }
+    if (present) {
+      os << sep << present << " presence only";
+      sep = ", ";
+    }
+    if (none) {
+      os << sep << none << " None";
+    }
+    os << ")";
+  }
+  return PyUnicode_FromString(os.str().c_str());
+}
+
 void guard_dealloc(PyObject* self) {
   delete reinterpret_cast<GuardObject*>(self)->guard;
   Py_TYPE(self)->tp_free(self);
@@ -1098,6 +1148,7 @@ PyMethodDef guard_methods[] = {
      METH_O,
      "explain(container) -> True, or why the container no longer matches"},
     {"num_tensors", guard_len, METH_NOARGS, "number of tensors checked"},
+    {"summary", guard_summary, METH_NOARGS, "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyObject* group_vectorcall(
@@ -1475,7 +1526,13 @@ class ObjectIdentityGuard {
     };
     for (size_t i = 0; i < bases_.size(); i++) {
       const IdentityBase& b = bases_[i];
-      PyObject* obj = PyObject_GetItem(locals, b.local_name);
+      PyObject* obj = nullptr;
+      if (b.local_name != nullptr) {
+        obj = PyObject_GetItem(locals, b.local_name);
+      } else {
+        Py_INCREF(locals);
+        obj = locals; // the steps start at the guard's argument
+      }
       for (const IdentityStep& s : b.steps) {
         if (obj == nullptr) {
           break;
@@ -1582,6 +1639,17 @@ PyObject* identity_explain(PyObject* self, PyObject* locals) {
   return PyUnicode_FromString(d.c_str());
 }
 
+PyObject* identity_summary(PyObject* self, PyObject*) {
+  ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
+  std::ostringstream os;
+  os << g->pairs_.size() << " same-object check" << (g->pairs_.size() == 1 ? "" : "s")
+     << " in one native ObjectIdentityGuard";
+  if (!g->descriptions_.empty()) {
+    os << " (e.g. " << g->descriptions_[0] << ")";
+  }
+  return PyUnicode_FromString(os.str().c_str());
+}
+
 PyObject* identity_len(PyObject* self, PyObject*) {
   return PyLong_FromSize_t(reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
 }
@@ -1597,6 +1665,7 @@ PyMethodDef identity_methods[] = {
      METH_O,
      "explain(frame_locals) -> True, or the first pair that is no longer identical"},
     {"num_pairs", identity_len, METH_NOARGS, "number of identity pairs checked"},
+    {"summary", identity_summary, METH_NOARGS, "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
 // bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
@@ -1605,10 +1674,11 @@ py::object make_object_identity_guard(const py::list& bases, const py::list& pai
   auto guard = std::make_unique<ObjectIdentityGuard>();
   for (py::handle item : bases) {
     auto b = py::cast<py::tuple>(item);
-    if (b.size() != 3 || !PyUnicode_CheckExact(b[0].ptr())) {
-      throw py::value_error("base must be (local_name: str, steps, keys: bool)");
+    if (b.size() != 3 || !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
+      throw py::value_error("base must be (local_name: str | None, steps, keys: bool)");
     }
-    guard->bases_.push_back(IdentityBase{new_ref(b[0]), {}, b[2].cast<bool>()});
+    guard->bases_.push_back(
+        IdentityBase{b[0].is_none() ? nullptr : new_ref(b[0]), {}, b[2].cast<bool>()});
     for (py::handle st : py::cast<py::sequence>(b[1])) {
       auto step = py::cast<py::tuple>(st);
       if (step.size() != 2) {
@@ -1703,7 +1773,7 @@ void init_tensor_container_guard(py::module_& m) {
       &make_object_identity_guard,
       py::arg("bases"),
       py::arg("pairs"),
-      "Build an ObjectIdentityGuard. bases: (local_name, steps, keys) with steps "
+      "Build an ObjectIdentityGuard. bases: (local_name or None for the guard's argument, steps, keys) with steps "
       "(is_attr, name_or_key) from the frame locals to a list/tuple (keys False) or "
       "dict whose keys are indexed by position (keys True); pairs: (base_a, index_a, "
       "base_b, index_b, description).");

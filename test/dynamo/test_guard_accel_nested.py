@@ -107,7 +107,7 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertNotIn("NOT_NONE", tree)
         self.assertNotIn("KeyValueManager", tree)
         self.assertNotIn(" is list(dict.keys", tree)
-        self.assertEqual(gm.closure_vars["___object_identity_guard"].num_pairs(), 64)
+        self.assertEqual(gm.closure_vars["___tensor_container_identity"].num_pairs(), 64)
         self.assertEqual(gm.closure_vars["___tensor_container_nested_0"].num_tensors(), 64)
         # grads (64) and buffers (64); the parameters skip the no-aliasing guard
         self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 128)
@@ -119,7 +119,7 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertIn("GradGuardAccessor", tree)
         self.assertIn("is list(dict.keys", tree)
         self.assertFalse(any(k.startswith("___tensor_container") for k in gm.closure_vars))
-        self.assertNotIn("___object_identity_guard", gm.closure_vars)
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
     def test_nested_switch_off_keeps_container_guards_only(self):
         params = make_params(16)
@@ -130,13 +130,13 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertIn("GradGuardAccessor", tree)
         self.assertIn("is list(dict.keys", tree)
         self.assertNotIn("___tensor_container_nested_0", gm.closure_vars)
-        self.assertNotIn("___object_identity_guard", gm.closure_vars)
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
     def test_small_frames_stay_stock(self):
         params = make_params(config.tensor_container_guard_min_size - 1)
         _, _, _, gm = compile_opt(params)
         self.assertIn("GradGuardAccessor", str(gm))
-        self.assertNotIn("___object_identity_guard", gm.closure_vars)
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
     def test_subclass_grad_keeps_stock_guards(self):
         # A grad the native guard does not handle (a tensor subclass) keeps its
@@ -323,8 +323,8 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
             for accel in (False, True):
                 torch._dynamo.reset()
                 _, _, _, managers[accel] = compile_opt(params, accel=accel, opt=opt)
-            self.assertIn("___object_identity_guard", managers[True].closure_vars)
-            self.assertNotIn("___object_identity_guard", managers[False].closure_vars)
+            self.assertIn("___tensor_container_identity", managers[True].closure_vars)
+            self.assertNotIn("___tensor_container_identity", managers[False].closure_vars)
             rng = random.Random(seed)
             mutator = Mutator(rng, opt)
             outcomes = {True: 0, False: 0}
