@@ -29,6 +29,7 @@ created as usual (``_create_stock``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, TYPE_CHECKING
 
 from . import config, guard_accel
@@ -234,45 +235,56 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
     def install_identity(self, builder: GuardBuilder) -> None:
         if not self._identity_pairs:
             return
-        bases: list[tuple[str, list[tuple[bool, Any]], bool]] = []
+        bases: list[tuple[str | None, list[tuple[bool, Any]], bool]] = []
         base_index: dict[tuple[Any, ...], int] = {}
         pairs = []
+        # All pairs under one frame local (self): the guard goes on that local's
+        # node, next to what it checks, and starts from it; else on the root.
+        locals_ = {item[0] for _, a, b in self._identity_pairs for item in (a, b)}
+        local = next(iter(locals_)) if len(locals_) == 1 else None
 
         def base_of(item: tuple[Any, ...]) -> int:
-            local, steps, keys, _ = item
-            key = (local, tuple(steps), keys)
+            source, steps, keys, _ = item
+            name = None if local is not None else source.local_name
+            key = (name, tuple(steps), keys)
             if key not in base_index:
                 base_index[key] = len(bases)
-                bases.append((local, list(steps), keys))
+                bases.append((name, list(steps), keys))
             return base_index[key]
 
         for guard, item_a, item_b in self._identity_pairs:
             ref_a = builder.arg_ref(guard)
             ref_b = builder.arg_ref(guard.create_fn.keywords["source_b"].name)
-            pairs.append((base_of(item_a), item_a[3], base_of(item_b), item_b[3], f"{ref_b} is {ref_a}"))
+            # Shown without L[...], as recompile reasons show sources.
+            text = re.sub(r"\bL\['([A-Za-z_]\w*)'\]", r"\1", f"{ref_b} is {ref_a}")
+            pairs.append((base_of(item_a), item_a[3], base_of(item_b), item_b[3], text))
         identity = self.extension.make_object_identity_guard(bases, pairs)
-        var = "___object_identity_guard"
+        # The guard_accel prefix: explain_guards lists it as an accelerated guard.
+        var = "___tensor_container_identity"
         self.closure_vars[var] = identity
         from .guards import get_verbose_code_parts
 
         first = self._identity_pairs[0][0]
-        builder.guard_manager.root.add_epilogue_lambda_guard(
-            identity,
-            get_verbose_code_parts(
-                [f"{var}.explain(L)", f"{var}(L)  # {len(pairs)} `is` pairs of container items"],
-                first,
-            ),
-            None,
+        arg = builder.arg_ref(local.name) if local is not None else "L"
+        code_parts = get_verbose_code_parts(
+            [f"{var}.explain({arg})", f"{var}({arg})  # {len(pairs)} `is` pairs of container items"],
+            first,
         )
+        if local is not None:
+            builder.get_guard_manager_from_source(local).add_lambda_guard(
+                identity, code_parts, first.user_stack
+            )
+        else:
+            builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
 
 
-def _path(source: Source) -> tuple[str, list[tuple[bool, Any]]] | None:
-    """(local name, steps) that reach `source` from the frame locals, or None."""
+def _path(source: Source) -> tuple[Source, list[tuple[bool, Any]]] | None:
+    """(the LocalSource, steps) that reach `source` from a frame local, or None."""
     steps: list[tuple[bool, Any]] = []
     while True:
         if istype(source, LocalSource):
             steps.reverse()
-            return source.local_name, steps
+            return source, steps
         if istype(source, AttrSource):
             if "." in source.member:
                 return None
