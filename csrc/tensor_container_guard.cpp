@@ -602,7 +602,7 @@ bool TensorContainerGuard::check_grad(
     }
     return false;
   };
-  const at::TensorBase& grad = THPVariable_Unpack(obj).grad();
+  const at::Tensor& grad = THPVariable_Unpack(obj).unsafeGetTensorImpl()->grad();
   if (!grad.defined()) {
     return r.grad == kGradMustBeNone || fail(Field::kGradNone);
   }
@@ -612,10 +612,17 @@ bool TensorContainerGuard::check_grad(
   if (r.grad == kGradMustBePresent) {
     return true;
   }
-  PyObject* grad_obj = THPVariable_Wrap(grad);
-  if (grad_obj == nullptr) {
-    PyErr_Clear();
-    return fail(Field::kGradNone);
+  // The grad's Python object, as `tensor.grad` returns it: the one its
+  // TensorImpl already has (alive while the grad is), else a new one.
+  PyObject* grad_obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (grad_obj != nullptr) {
+    Py_INCREF(grad_obj);
+  } else {
+    grad_obj = THPVariable_Wrap(grad);
+    if (grad_obj == nullptr) {
+      PyErr_Clear();
+      return fail(Field::kGradNone);
+    }
   }
   const Record& g = grad_records_[r.grad];
   bool ok = check_record<kVerbose>(g, grad_obj, ds, aliasing, out);
@@ -797,6 +804,9 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       if (!PyDict_Check(container)) {
         return fail(Field::kContainerType);
       }
+      // Two passes: the inner dicts in order (a sequential walk of the outer
+      // dict's entries), then the lookups, prefetching the inner dicts and
+      // their key tables a few records ahead (they are scattered over the heap).
       Py_ssize_t pos = 0;
       Py_ssize_t position = 0;
       Py_ssize_t i = 0;
@@ -804,24 +814,37 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       PyObject* inner = nullptr;
       while (i < n && PyDict_Next(container, &pos, &key, &inner)) {
         for (; i < n && records_[i].locator == position; i++) {
-          if (Py_TYPE(inner) != inner_type_) {
-            if constexpr (kVerbose) {
-              out->field = Field::kInnerType;
-              out->record = i;
-              out->value = inner;
-            }
-            return false;
-          }
-          elements_[i] = PyDict_GetItemWithError(inner, records_[i].key);
-          if (elements_[i] == nullptr) {
-            PyErr_Clear();
-            return fail(Field::kMissing, i);
-          }
+          elements_[i] = inner; // replaced by the tensor below
         }
         position++;
       }
       if (i < n) {
         return fail(Field::kMissing, i);
+      }
+      constexpr Py_ssize_t kDictAhead = 8;
+      constexpr Py_ssize_t kKeysAhead = 4;
+      for (i = 0; i < n; i++) {
+        if (i + kDictAhead < n) {
+          __builtin_prefetch(elements_[i + kDictAhead]);
+        }
+        if (i + kKeysAhead < n && Py_TYPE(elements_[i + kKeysAhead]) == inner_type_) {
+          __builtin_prefetch(
+              reinterpret_cast<PyDictObject*>(elements_[i + kKeysAhead])->ma_keys);
+        }
+        inner = elements_[i];
+        if (Py_TYPE(inner) != inner_type_) {
+          if constexpr (kVerbose) {
+            out->field = Field::kInnerType;
+            out->record = i;
+            out->value = inner;
+          }
+          return false;
+        }
+        elements_[i] = PyDict_GetItemWithError(inner, records_[i].key);
+        if (elements_[i] == nullptr) {
+          PyErr_Clear();
+          return fail(Field::kMissing, i);
+        }
       }
       return true;
     }
