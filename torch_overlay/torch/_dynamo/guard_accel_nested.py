@@ -226,8 +226,9 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                     (*r[:8], specs.get((r[0], r[1])))
                     for r in container.records
                 ]
+        positions = {id(c): {r[0] for r in c.records} for c in self.containers}
         for guard_id, (container, position) in self._inner_types.items():
-            if not any(r[0] == position for r in container.records):
+            if position not in positions[id(container)]:
                 fallback.append(self._taken[guard_id])
         if fallback:
             self._create_stock(builder, fallback)
