@@ -153,6 +153,9 @@ enum class Field : uint8_t {
   kSize,
   kStride,
   kDimMarking,
+  kInnerType, // kDictNested: the dict holding the tensor changed type
+  kGradNone, // .grad is None, a tensor was expected
+  kGradPresent, // .grad is a tensor, None was expected
 };
 
 // Where a check failed, for the recompile reason.
@@ -162,7 +165,14 @@ struct Mismatch {
   Py_ssize_t position = -1; // dict position for kKey
   int dim = -1; // size/stride dimension, or mark attribute index
   PyObject* value = nullptr; // borrowed: the element (or key) that failed
+  bool in_grad = false; // the field is the element's .grad's (value is the element)
 };
+
+// Record::grad when the element's .grad is not checked, must be None, or must be
+// a tensor without further checks; >= 0 indexes grad_records_.
+constexpr int32_t kGradUnchecked = -1;
+constexpr int32_t kGradMustBeNone = -2;
+constexpr int32_t kGradMustBePresent = -3;
 
 // Everything TENSOR_MATCH and the dimension-marking guard know about one tensor.
 struct Record {
@@ -176,7 +186,8 @@ struct Record {
   uint32_t shape_offset; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
   int32_t marks; // -1: every mark attribute must be absent; else index into marks_
   Py_ssize_t locator; // list/tuple index or dict position
-  PyObject* key; // strong; the dict key (dict containers only)
+  PyObject* key; // strong; the dict key (dict containers; kDictNested: the inner key)
+  int32_t grad; // kGrad* or an index into grad_records_
   // ma_version_tag of the instance __dict__ that last passed the marking check.
   // Dict versions are unique process-wide (a new or modified dict gets a new
   // one), so an equal version means the same, unmodified __dict__.
@@ -189,7 +200,7 @@ struct MarkExpectation {
   PyObject* subset_of[kNumMarkAttrs];
 };
 
-enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered };
+enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
 
 // ---------------------------------------------------------------------------
 // TensorAliasingGroup: the no-aliasing guard for every tensor of a frame.
@@ -295,6 +306,7 @@ class TensorContainerGuard {
   // Slow path: the first mismatch (field kNone if none).
   Mismatch find_mismatch(PyObject* container);
   std::string describe(const Mismatch& m);
+  std::string describe_fields(const Record& r, const Mismatch& m);
 
   Kind kind_ = Kind::kList;
   std::string container_name_;
@@ -302,6 +314,11 @@ class TensorContainerGuard {
   Py_ssize_t dict_size_ = 0; // kDictOrdered
   std::vector<PyObject*> ordered_keys_; // strong; kDictOrdered: every key, in order
   std::vector<Record> records_; // sorted by locator
+  // kDictNested: the type of every dict holding a recorded tensor (strong).
+  PyTypeObject* inner_type_ = nullptr;
+  // The .grad of elements (Record::grad >= 0); locator and key unused, grad unchecked.
+  std::vector<Record> grad_records_;
+  std::vector<std::string> grad_names_;
   std::vector<int64_t> shape_;
   std::vector<MarkExpectation> marks_; // strong refs inside
   std::vector<std::string> names_; // per record, e.g. L['xs'][3]
@@ -322,6 +339,13 @@ class TensorContainerGuard {
       DispatchState& ds,
       TensorAliasingGroup::Participant* aliasing,
       Mismatch* out);
+  template <bool kVerbose>
+  bool check_grad(
+      const Record& r,
+      PyObject* obj,
+      DispatchState& ds,
+      TensorAliasingGroup::Participant* aliasing,
+      Mismatch* out);
   bool check_types(Mismatch* out);
   void prefetch_ahead(PyObject* const* elements, Py_ssize_t i) const;
   template <bool kVerbose>
@@ -336,6 +360,10 @@ TensorContainerGuard::~TensorContainerGuard() {
     Py_XDECREF(r.pytype);
     Py_XDECREF(r.key);
   }
+  for (Record& r : grad_records_) {
+    Py_XDECREF(r.pytype);
+  }
+  Py_XDECREF(inner_type_);
   for (MarkExpectation& m : marks_) {
     for (PyObject* o : m.subset_of) {
       Py_XDECREF(o);
@@ -548,7 +576,64 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
   if (r.alias_slot >= 0) {
     record_identity(*aliasing, r.alias_slot, obj);
   }
+  if (r.grad != kGradUnchecked) {
+    return check_grad<kVerbose>(r, obj, ds, aliasing, out);
+  }
   return true;
+}
+
+// What GradGuardAccessor + NONE_MATCH / NOT_NONE_MATCH + TENSOR_MATCH check about
+// an element's .grad. The grad's Python object is the one `tensor.grad` returns
+// (THPVariable_Wrap of the C++ grad; PyObject preservation keeps it while the
+// grad lives), so the aliasing identity matches the stock guard's.
+template <bool kVerbose>
+bool TensorContainerGuard::check_grad(
+    const Record& r,
+    PyObject* obj,
+    DispatchState& ds,
+    TensorAliasingGroup::Participant* aliasing,
+    Mismatch* out) {
+  auto fail = [&](Field f) {
+    if constexpr (kVerbose) {
+      out->field = f;
+      out->dim = -1;
+      out->value = obj;
+      out->in_grad = true;
+    }
+    return false;
+  };
+  const at::Tensor& grad = THPVariable_Unpack(obj).unsafeGetTensorImpl()->grad();
+  if (!grad.defined()) {
+    return r.grad == kGradMustBeNone || fail(Field::kGradNone);
+  }
+  if (r.grad == kGradMustBeNone) {
+    return fail(Field::kGradPresent);
+  }
+  if (r.grad == kGradMustBePresent) {
+    return true;
+  }
+  // The grad's Python object, as `tensor.grad` returns it: the one its
+  // TensorImpl already has (alive while the grad is), else a new one.
+  PyObject* grad_obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (grad_obj != nullptr) {
+    Py_INCREF(grad_obj);
+  } else {
+    grad_obj = THPVariable_Wrap(grad);
+    if (grad_obj == nullptr) {
+      PyErr_Clear();
+      return fail(Field::kGradNone);
+    }
+  }
+  const Record& g = grad_records_[r.grad];
+  bool ok = check_record<kVerbose>(g, grad_obj, ds, aliasing, out);
+  Py_DECREF(grad_obj); // the grad keeps its Python object alive (preservation)
+  if (!ok) {
+    if constexpr (kVerbose) {
+      out->in_grad = true;
+      out->value = obj;
+    }
+  }
+  return ok;
 }
 
 // The loop is bound by loads from objects scattered over the heap: the Python
@@ -711,6 +796,58 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       }
       return true;
     }
+    case Kind::kDictNested: {
+      // The outer dict is walked in order (its DictGuardManager guards the key
+      // order, its length and, through other guards, the keys); each recorded
+      // tensor is looked up by its exact str key in the dict at its position,
+      // as DictGetItemGuardAccessor does. No Python code runs.
+      if (!PyDict_Check(container)) {
+        return fail(Field::kContainerType);
+      }
+      // Two passes: the inner dicts in order (a sequential walk of the outer
+      // dict's entries), then the lookups, prefetching the inner dicts and
+      // their key tables a few records ahead (they are scattered over the heap).
+      Py_ssize_t pos = 0;
+      Py_ssize_t position = 0;
+      Py_ssize_t i = 0;
+      PyObject* key = nullptr;
+      PyObject* inner = nullptr;
+      while (i < n && PyDict_Next(container, &pos, &key, &inner)) {
+        for (; i < n && records_[i].locator == position; i++) {
+          elements_[i] = inner; // replaced by the tensor below
+        }
+        position++;
+      }
+      if (i < n) {
+        return fail(Field::kMissing, i);
+      }
+      constexpr Py_ssize_t kDictAhead = 8;
+      constexpr Py_ssize_t kKeysAhead = 4;
+      for (i = 0; i < n; i++) {
+        if (i + kDictAhead < n) {
+          __builtin_prefetch(elements_[i + kDictAhead]);
+        }
+        if (i + kKeysAhead < n && Py_TYPE(elements_[i + kKeysAhead]) == inner_type_) {
+          __builtin_prefetch(
+              reinterpret_cast<PyDictObject*>(elements_[i + kKeysAhead])->ma_keys);
+        }
+        inner = elements_[i];
+        if (Py_TYPE(inner) != inner_type_) {
+          if constexpr (kVerbose) {
+            out->field = Field::kInnerType;
+            out->record = i;
+            out->value = inner;
+          }
+          return false;
+        }
+        elements_[i] = PyDict_GetItemWithError(inner, records_[i].key);
+        if (elements_[i] == nullptr) {
+          PyErr_Clear();
+          return fail(Field::kMissing, i);
+        }
+      }
+      return true;
+    }
   }
   return false;
 }
@@ -728,6 +865,25 @@ bool TensorContainerGuard::run(PyObject* container, Mismatch* out) {
       group_ != nullptr ? &group_->participant(participant_) : nullptr;
   PyObject* const* elements = elements_.data();
   const Py_ssize_t n = static_cast<Py_ssize_t>(records_.size());
+  // Checking a grad's metadata may create its Python object (THPVariable_Wrap),
+  // and an allocation may run the garbage collector and so finalizers, which
+  // could mutate the container. Then the elements are held, in a vector of
+  // this call's own (a nested check of this guard may reuse elements_).
+  struct Held {
+    std::vector<PyObject*> objs;
+    ~Held() {
+      for (PyObject* o : objs) {
+        Py_DECREF(o);
+      }
+    }
+  } held;
+  if (!grad_records_.empty()) {
+    held.objs.assign(elements_.begin(), elements_.begin() + n);
+    for (PyObject* o : held.objs) {
+      Py_INCREF(o);
+    }
+    elements = held.objs.data();
+  }
   for (Py_ssize_t i = 0; i < n; i++) {
     prefetch_ahead(elements, i);
     if (!check_record<kVerbose>(records_[i], elements[i], ds, alias, out)) {
@@ -803,12 +959,52 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
     }
     return os.str();
   }
-  const Record& r = records_[m.record];
-  os << names_[m.record] << ": ";
-  if (m.field == Field::kMissing) {
-    os << "missing from the container";
+  if (m.field == Field::kInnerType) {
+    os << names_[m.record] << ": the dict holding it changed type "
+       << inner_type_->tp_name << " -> " << Py_TYPE(m.value)->tp_name;
     return os.str();
   }
+  if (m.field == Field::kMissing) {
+    os << names_[m.record] << ": missing from the container";
+    return os.str();
+  }
+  if (m.in_grad) {
+    const Record& owner = records_[m.record];
+    os << names_[m.record] << ".grad: ";
+    if (m.field == Field::kGradNone) {
+      os << "is None, expected a tensor";
+      return os.str();
+    }
+    if (m.field == Field::kGradPresent) {
+      os << "is a tensor, expected None";
+      return os.str();
+    }
+    // Describe the grad's own mismatch; hold the grad while doing so.
+    const at::TensorBase& grad = THPVariable_Unpack(m.value).grad();
+    if (!grad.defined() || owner.grad < 0) {
+      os << "check failed";
+      return os.str();
+    }
+    PyObject* grad_obj = THPVariable_Wrap(grad);
+    if (grad_obj == nullptr) {
+      PyErr_Clear();
+      os << "check failed";
+      return os.str();
+    }
+    Mismatch inner = m;
+    inner.in_grad = false;
+    inner.value = grad_obj;
+    std::string field = describe_fields(grad_records_[owner.grad], inner);
+    Py_DECREF(grad_obj);
+    os << field;
+    return os.str();
+  }
+  os << names_[m.record] << ": " << describe_fields(records_[m.record], m);
+  return os.str();
+}
+
+std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatch& m) {
+  std::ostringstream os;
   if (m.field == Field::kType) {
     os << "type changed " << _PyType_Name(r.pytype) << " -> "
        << _PyType_Name(Py_TYPE(m.value));
@@ -933,6 +1129,37 @@ PyObject* guard_len(PyObject* self, PyObject*) {
       static_cast<Py_ssize_t>(reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
 }
 
+PyObject* guard_summary(PyObject* self, PyObject*) {
+  TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
+  std::ostringstream os;
+  os << "tensor metadata of " << g->records_.size()
+     << " tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, "
+        "shape, stride, requires_grad, identity)";
+  size_t none = 0, present = 0, metadata = 0;
+  for (const Record& r : g->records_) {
+    none += r.grad == kGradMustBeNone;
+    present += r.grad == kGradMustBePresent;
+    metadata += r.grad >= 0;
+  }
+  if (none + present + metadata > 0) {
+    os << ", with the .grad of " << none + present + metadata << " of them (";
+    const char* sep = "";
+    if (metadata) {
+      os << metadata << " tensor metadata";
+      sep = ", ";
+    }
+    if (present) {
+      os << sep << present << " presence only";
+      sep = ", ";
+    }
+    if (none) {
+      os << sep << none << " None";
+    }
+    os << ")";
+  }
+  return PyUnicode_FromString(os.str().c_str());
+}
+
 void guard_dealloc(PyObject* self) {
   delete reinterpret_cast<GuardObject*>(self)->guard;
   Py_TYPE(self)->tp_free(self);
@@ -944,6 +1171,7 @@ PyMethodDef guard_methods[] = {
      METH_O,
      "explain(container) -> True, or why the container no longer matches"},
     {"num_tensors", guard_len, METH_NOARGS, "number of tensors checked"},
+    {"summary", guard_summary, METH_NOARGS, "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyObject* group_vectorcall(
@@ -1098,6 +1326,9 @@ Kind parse_kind(const std::string& kind) {
   if (kind == "dict_ordered") {
     return Kind::kDictOrdered;
   }
+  if (kind == "dict_nested") {
+    return Kind::kDictNested;
+  }
   throw py::value_error("unknown container kind: " + kind);
 }
 
@@ -1125,31 +1356,27 @@ py::object make_tensor_container_guard(
     }
     guard->dict_size_ = static_cast<Py_ssize_t>(guard->ordered_keys_.size());
   }
+  if (guard->kind_ == Kind::kDictNested) {
+    if (!PyType_Check(dict_type.ptr()) ||
+        !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(dict_type.ptr()), &PyDict_Type)) {
+      throw py::type_error("dict_nested needs the type of the inner dicts");
+    }
+    guard->inner_type_ = reinterpret_cast<PyTypeObject*>(dict_type.inc_ref().ptr());
+  }
+  const bool nested = guard->kind_ == Kind::kDictNested;
 
-  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name)
+  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name[, grad])
   DispatchState build_state;
   std::vector<std::string> alias_names;
   Py_ssize_t previous_locator = -1;
-  for (py::handle item : elements) {
-    auto e = py::cast<py::tuple>(item);
-    if (e.size() != 8) {
-      throw py::value_error("element must be an 8-tuple");
-    }
+  // Fills the tensor metadata of r from e = (.., .., tensor, sizes, strides, marks,
+  // aliasing, name); returns the name.
+  auto fill = [&](Record& r, const py::tuple& e) -> std::string {
     PyObject* tensor = e[2].ptr();
     if (!THPVariable_Check(tensor)) {
       throw py::type_error("element tensor must be a torch.Tensor");
     }
     const at::Tensor& t = THPVariable_Unpack(tensor);
-    Py_ssize_t locator = e[0].cast<Py_ssize_t>();
-    if (locator <= previous_locator) {
-      throw py::value_error("elements must be sorted by locator, without duplicates");
-    }
-    previous_locator = locator;
-    // The guard owns the record's references from here on, also on errors.
-    guard->records_.push_back(Record{});
-    Record& r = guard->records_.back();
-    r.locator = locator;
-    r.key = e[1].is_none() ? nullptr : new_ref(e[1]);
     Py_INCREF(Py_TYPE(tensor));
     r.pytype = Py_TYPE(tensor);
     r.dispatch_keys = build_state.apply(t.key_set()).raw_repr();
@@ -1184,6 +1411,7 @@ py::object make_tensor_container_guard(
       guard->marks_.push_back(m);
     }
     std::string name = e[7].cast<std::string>();
+    r.grad = kGradUnchecked;
     if (e[6].cast<bool>()) {
       r.alias_slot = static_cast<int32_t>(alias_names.size());
       alias_names.push_back(name);
@@ -1201,7 +1429,58 @@ py::object make_tensor_container_guard(
       guard->tensor_types_.push_back(r.pytype);
       guard->type_versions_.push_back(valid_version_tag(r.pytype));
     }
+    return name;
+  };
+  for (py::handle item : elements) {
+    auto e = py::cast<py::tuple>(item);
+    if (e.size() != 8 && e.size() != 9) {
+      throw py::value_error("element must be an 8- or 9-tuple");
+    }
+    Py_ssize_t locator = e[0].cast<Py_ssize_t>();
+    // kDictNested: several tensors (inner keys) per outer position.
+    if (locator < previous_locator || (!nested && locator == previous_locator)) {
+      throw py::value_error("elements must be sorted by locator, without duplicates");
+    }
+    if (nested && !PyUnicode_CheckExact(e[1].ptr())) {
+      throw py::type_error("dict_nested inner keys must be exact str");
+    }
+    previous_locator = locator;
+    // The guard owns the record's references from here on, also on errors.
+    guard->records_.push_back(Record{});
+    {
+      Record& r = guard->records_.back();
+      r.locator = locator;
+      r.key = e[1].is_none() ? nullptr : new_ref(e[1]);
+      r.pytype = nullptr;
+    }
+    std::string name = fill(guard->records_.back(), e);
     guard->names_.push_back(std::move(name));
+    // grad: None (unchecked), "none", "present" or a tuple like an element's.
+    if (e.size() == 9 && !e[8].is_none()) {
+      int32_t grad = kGradUnchecked;
+      if (py::isinstance<py::str>(e[8])) {
+        std::string spec = e[8].cast<std::string>();
+        if (spec == "none") {
+          grad = kGradMustBeNone;
+        } else if (spec == "present") {
+          grad = kGradMustBePresent;
+        } else {
+          throw py::value_error("grad must be None, 'none', 'present' or a record");
+        }
+      } else {
+        auto ge = py::cast<py::tuple>(e[8]);
+        if (ge.size() != 8) {
+          throw py::value_error("grad record must be an 8-tuple");
+        }
+        guard->grad_records_.push_back(Record{});
+        guard->grad_records_.back().pytype = nullptr;
+        guard->grad_records_.back().key = nullptr;
+        std::string grad_name = fill(guard->grad_records_.back(), ge);
+        guard->grad_names_.push_back(std::move(grad_name));
+        grad = static_cast<int32_t>(guard->grad_records_.size()) - 1;
+      }
+      guard->records_.back().grad = grad;
+    }
   }
 
   if (!alias_names.empty()) {
@@ -1218,6 +1497,246 @@ py::object make_tensor_container_guard(
     throw py::error_already_set();
   }
   obj->vectorcall = guard_vectorcall;
+  obj->guard = guard.release();
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
+}
+
+// ---------------------------------------------------------------------------
+// ObjectIdentityGuard: `a is b` for many pairs of container items at once, in
+// place of one Python `is` lambda per pair (DUPLICATE_INPUT), e.g. an optimizer's
+// params[i] and the i-th key of its state dict. The containers are fetched from
+// the frame locals at every check (strong references held while comparing), and
+// only items of those live containers are compared: no pointer is kept between
+// checks, so address reuse cannot make two different objects look identical.
+
+struct IdentityStep {
+  bool attr; // getattr(obj, name) or obj[key]
+  PyObject* name_or_key; // strong
+};
+
+struct IdentityBase {
+  PyObject* local_name; // strong; L[local_name]
+  std::vector<IdentityStep> steps;
+  bool keys; // items are dict keys by position (list(dict.keys(d))[i])
+};
+
+struct IdentityPair {
+  int32_t base_a;
+  int32_t base_b;
+  Py_ssize_t index_a;
+  Py_ssize_t index_b;
+};
+
+class ObjectIdentityGuard {
+ public:
+  ~ObjectIdentityGuard() {
+    for (IdentityBase& b : bases_) {
+      Py_XDECREF(b.local_name);
+      for (IdentityStep& s : b.steps) {
+        Py_XDECREF(s.name_or_key);
+      }
+    }
+  }
+
+  // -1: all pairs identical; -2: a container could not be fetched or has the
+  // wrong type; else the index of the first pair that differs (or is missing).
+  Py_ssize_t first_failure(PyObject* locals) {
+    std::vector<PyObject*> objs(bases_.size(), nullptr); // strong
+    auto release = [&]() {
+      for (PyObject* o : objs) {
+        Py_XDECREF(o);
+      }
+    };
+    for (size_t i = 0; i < bases_.size(); i++) {
+      const IdentityBase& b = bases_[i];
+      PyObject* obj = nullptr;
+      if (b.local_name != nullptr) {
+        obj = PyObject_GetItem(locals, b.local_name);
+      } else {
+        Py_INCREF(locals);
+        obj = locals; // the steps start at the guard's argument
+      }
+      for (const IdentityStep& s : b.steps) {
+        if (obj == nullptr) {
+          break;
+        }
+        PyObject* next = s.attr ? PyObject_GetAttr(obj, s.name_or_key)
+                                : PyObject_GetItem(obj, s.name_or_key);
+        Py_DECREF(obj);
+        obj = next;
+      }
+      if (obj == nullptr) {
+        PyErr_Clear();
+        release();
+        return -2;
+      }
+      objs[i] = obj;
+    }
+    // From here on no Python code runs: borrowed items stay valid.
+    items_.assign(bases_.size(), {});
+    for (size_t i = 0; i < bases_.size(); i++) {
+      PyObject* obj = objs[i];
+      std::vector<PyObject*>& items = items_[i];
+      if (bases_[i].keys) {
+        if (!PyDict_Check(obj)) {
+          release();
+          return -2;
+        }
+        Py_ssize_t pos = 0;
+        PyObject* key = nullptr;
+        PyObject* value = nullptr;
+        items.reserve(PyDict_GET_SIZE(obj));
+        while (PyDict_Next(obj, &pos, &key, &value)) {
+          items.push_back(key);
+        }
+      } else if (PyList_CheckExact(obj)) {
+        items.assign(
+            reinterpret_cast<PyListObject*>(obj)->ob_item,
+            reinterpret_cast<PyListObject*>(obj)->ob_item + PyList_GET_SIZE(obj));
+      } else if (PyTuple_CheckExact(obj)) {
+        items.assign(
+            reinterpret_cast<PyTupleObject*>(obj)->ob_item,
+            reinterpret_cast<PyTupleObject*>(obj)->ob_item + PyTuple_GET_SIZE(obj));
+      } else {
+        release();
+        return -2;
+      }
+    }
+    Py_ssize_t result = -1;
+    for (size_t p = 0; p < pairs_.size(); p++) {
+      const IdentityPair& pair = pairs_[p];
+      const std::vector<PyObject*>& a = items_[pair.base_a];
+      const std::vector<PyObject*>& b = items_[pair.base_b];
+      if (pair.index_a >= static_cast<Py_ssize_t>(a.size()) ||
+          pair.index_b >= static_cast<Py_ssize_t>(b.size()) ||
+          a[pair.index_a] != b[pair.index_b]) {
+        result = static_cast<Py_ssize_t>(p);
+        break;
+      }
+    }
+    release();
+    return result;
+  }
+
+  std::vector<IdentityBase> bases_;
+  std::vector<IdentityPair> pairs_;
+  std::vector<std::string> descriptions_; // per pair: "a is b"
+  std::vector<std::vector<PyObject*>> items_; // scratch
+
+};
+
+struct IdentityObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  ObjectIdentityGuard* guard;
+};
+
+PyTypeObject IdentityType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* identity_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames) {
+  PyObject* locals = one_arg(args, nargsf, kwnames, "ObjectIdentityGuard");
+  if (locals == nullptr) {
+    return nullptr;
+  }
+  if (reinterpret_cast<IdentityObject*>(self)->guard->first_failure(locals) == -1) {
+    Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* identity_explain(PyObject* self, PyObject* locals) {
+  ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
+  Py_ssize_t p = g->first_failure(locals);
+  if (p == -1) {
+    Py_RETURN_TRUE;
+  }
+  if (p == -2) {
+    return PyUnicode_FromString(
+        "object identity check: a container could not be fetched or changed type");
+  }
+  std::string d = g->descriptions_[p] + " failed: the objects are no longer identical";
+  return PyUnicode_FromString(d.c_str());
+}
+
+PyObject* identity_summary(PyObject* self, PyObject*) {
+  ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
+  std::ostringstream os;
+  os << g->pairs_.size() << " same-object check" << (g->pairs_.size() == 1 ? "" : "s")
+     << " in one native ObjectIdentityGuard";
+  if (!g->descriptions_.empty()) {
+    os << " (e.g. " << g->descriptions_[0] << ")";
+  }
+  return PyUnicode_FromString(os.str().c_str());
+}
+
+PyObject* identity_len(PyObject* self, PyObject*) {
+  return PyLong_FromSize_t(reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
+}
+
+void identity_dealloc(PyObject* self) {
+  delete reinterpret_cast<IdentityObject*>(self)->guard;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyMethodDef identity_methods[] = {
+    {"explain",
+     identity_explain,
+     METH_O,
+     "explain(frame_locals) -> True, or the first pair that is no longer identical"},
+    {"num_pairs", identity_len, METH_NOARGS, "number of identity pairs checked"},
+    {"summary", identity_summary, METH_NOARGS, "one line saying what the guard checks"},
+    {nullptr, nullptr, 0, nullptr}};
+
+// bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
+// [(base_a, index_a, base_b, index_b, description)].
+py::object make_object_identity_guard(const py::list& bases, const py::list& pairs) {
+  auto guard = std::make_unique<ObjectIdentityGuard>();
+  for (py::handle item : bases) {
+    auto b = py::cast<py::tuple>(item);
+    if (b.size() != 3 || !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
+      throw py::value_error("base must be (local_name: str | None, steps, keys: bool)");
+    }
+    guard->bases_.push_back(
+        IdentityBase{b[0].is_none() ? nullptr : new_ref(b[0]), {}, b[2].cast<bool>()});
+    for (py::handle st : py::cast<py::sequence>(b[1])) {
+      auto step = py::cast<py::tuple>(st);
+      if (step.size() != 2) {
+        throw py::value_error("step must be (is_attr, name_or_key)");
+      }
+      bool attr = step[0].cast<bool>();
+      PyObject* k = step[1].ptr();
+      // Constant keys only: their hashing and comparison run no user code.
+      if (attr ? !PyUnicode_CheckExact(k) : !(PyUnicode_CheckExact(k) || PyLong_CheckExact(k))) {
+        throw py::type_error("steps take exact str attribute names and str/int keys");
+      }
+      guard->bases_.back().steps.push_back(IdentityStep{attr, new_ref(step[1])});
+    }
+  }
+  const auto num_bases = static_cast<int32_t>(guard->bases_.size());
+  for (py::handle item : pairs) {
+    auto p = py::cast<py::tuple>(item);
+    if (p.size() != 5) {
+      throw py::value_error("pair must be (base_a, index_a, base_b, index_b, description)");
+    }
+    IdentityPair pair{
+        p[0].cast<int32_t>(), p[2].cast<int32_t>(), p[1].cast<Py_ssize_t>(),
+        p[3].cast<Py_ssize_t>()};
+    if (pair.base_a < 0 || pair.base_a >= num_bases || pair.base_b < 0 ||
+        pair.base_b >= num_bases || pair.index_a < 0 || pair.index_b < 0) {
+      throw py::value_error("pair refers to an unknown base or a negative index");
+    }
+    guard->pairs_.push_back(pair);
+    guard->descriptions_.push_back(p[4].cast<std::string>());
+  }
+  IdentityObject* obj = PyObject_New(IdentityObject, &IdentityType);
+  if (obj == nullptr) {
+    throw py::error_already_set();
+  }
+  obj->vectorcall = identity_vectorcall;
   obj->guard = guard.release();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
 }
@@ -1262,6 +1781,25 @@ void init_tensor_container_guard(py::module_& m) {
       nullptr,
       "records one tensor's identity for its TensorAliasingGroup; always True");
 
+  ready_type(
+      IdentityType,
+      "torch._dynamo._guard_accel.ObjectIdentityGuard",
+      sizeof(IdentityObject),
+      offsetof(IdentityObject, vectorcall),
+      identity_dealloc,
+      identity_methods,
+      "ObjectIdentityGuard(frame_locals) -> bool: `a is b` for every recorded pair "
+      "of container items");
+  m.attr("ObjectIdentityGuard") = py::handle(reinterpret_cast<PyObject*>(&IdentityType));
+  m.def(
+      "make_object_identity_guard",
+      &make_object_identity_guard,
+      py::arg("bases"),
+      py::arg("pairs"),
+      "Build an ObjectIdentityGuard. bases: (local_name or None for the guard's argument, steps, keys) with steps "
+      "(is_attr, name_or_key) from the frame locals to a list/tuple (keys False) or "
+      "dict whose keys are indexed by position (keys True); pairs: (base_a, index_a, "
+      "base_b, index_b, description).");
   m.attr("TensorContainerGuard") = py::handle(reinterpret_cast<PyObject*>(&GuardType));
   m.attr("TensorAliasingGroup") = py::handle(reinterpret_cast<PyObject*>(&GroupType));
   m.attr("TensorAliasingSlot") = py::handle(reinterpret_cast<PyObject*>(&SlotType));

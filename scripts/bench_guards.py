@@ -25,6 +25,10 @@ Scenarios (N tensors of 4 float32 elements each):
   paramlist  Module with an nn.ParameterList, forward: _foreach_mul(list(self.ps), x)
   optim      the optimizer-state update of foreach Adam over four lists
              (params, grads, exp_avgs, exp_avg_sqs), under no_grad
+  init_once  OnceSGD.step of scripts/bench_skip_guard.py: a momentum-SGD class whose
+             _init_group is an init_values_once function (grads, a state dict of
+             dicts keyed by the params, params[i] is state key i); also prints
+             the build_guards time of its compile
 """
 
 from __future__ import annotations
@@ -59,6 +63,44 @@ def adam_update(params, grads, exp_avgs, exp_avg_sqs):
         denom = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_add_(denom, 1e-8)
         torch._foreach_addcdiv_(params, exp_avgs, denom, -0.01)
+
+
+class PlainSGD:
+    def __init__(self, params, lr=0.01, momentum=0.9):
+        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
+        self.state = {}
+
+    def _init_group(self, group, params, grads, bufs):
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state.get(p)
+            if state is None:
+                state = self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
+            params.append(p)
+            grads.append(p.grad)
+            bufs.append(state["momentum_buffer"])
+
+    def step(self):
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                torch._foreach_mul_(bufs, group["momentum"])
+                torch._foreach_add_(bufs, grads)
+                torch._foreach_add_(params, bufs, alpha=-group["lr"])
+
+
+def once_sgd_class(tag: str) -> type:
+    def _init_group(self, group, params, grads, bufs):
+        PlainSGD._init_group(self, group, params, grads, bufs)
+
+    init = torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
+    return type(
+        f"OnceSGD_{tag}",
+        (PlainSGD,),
+        {"_init_group": init(_init_group), "step": fresh_copy(PlainSGD.step, tag)},
+    )
 
 
 def param_list_forward(self, x):
@@ -98,7 +140,19 @@ def make_case(kind: str, n: int, tag: str) -> tuple[Callable[..., Any], Any, tup
         args = (params, grads, exp_avgs, exp_avg_sqs)
         names = ("params", "grads", "exp_avgs", "exp_avg_sqs")
         return fn, fn, args, dict(zip(names, args))
+    if kind == "init_once":
+        params = [torch.nn.Parameter(torch.randn(4)) for _ in range(n)]
+        for p in params:
+            p.grad = torch.randn(4)
+        opt = once_sgd_class(tag)(params)
+        return opt.step, type(opt).step, (), {"self": opt}
     raise ValueError(kind)
+
+
+def build_guards_s() -> float:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return sum(compilation_time_metrics.get("build_guards", []))
 
 
 def per_call_us(fn: Callable[[], Any], calls: int) -> float:
@@ -115,9 +169,11 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
         fn, code, args, f_locals = make_case(kind, n, tag)
         with dynamo_config.patch(tensor_container_guards=accel):
             compiled = torch.compile(fn, backend="eager")
+            build_before = build_guards_s()
             start = time.perf_counter()
             compiled(*args)
             compile_s = time.perf_counter() - start
+            build_s = build_guards_s() - build_before
         entries = _debug_get_cache_entry_list(code)
         assert len(entries) == 1, f"{kind}/{tag}: {len(entries)} cache entries"
         guard_manager = entries[0].guard_manager
@@ -133,6 +189,7 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
             compiled=lambda c=compiled, args=args: c(*args),
             check=lambda root=root, f_locals=f_locals: root.check(f_locals),
             compile_s=compile_s,
+            build_s=build_s,
         )
 
     def calls_for(fn: Callable[[], Any], floor_us: float) -> int:
@@ -172,6 +229,8 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
     out["native"] = sides["accel"]["native"]
     out["stock_compile_s"] = sides["stock"]["compile_s"]
     out["accel_compile_s"] = sides["accel"]["compile_s"]
+    out["stock_build_s"] = sides["stock"]["build_s"]
+    out["accel_build_s"] = sides["accel"]["build_s"]
     torch._dynamo.reset()
     return out
 
@@ -201,7 +260,8 @@ def main() -> int:
             print(
                 f"  {kind:9s} N={n:<6d} check stock {r['stock_check']:9.2f} us  "
                 f"accel {r['accel_check']:8.2f} us  ({r['stock_check'] / r['accel_check']:.1f}x)  "
-                f"compile {r['stock_compile_s']:.1f}s/{r['accel_compile_s']:.1f}s",
+                f"compile {r['stock_compile_s']:.2f}s/{r['accel_compile_s']:.2f}s "
+                f"(build_guards {r['stock_build_s']:.3f}s/{r['accel_build_s']:.3f}s)",
                 flush=True,
             )
 

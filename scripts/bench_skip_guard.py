@@ -73,6 +73,7 @@ DYNAPATCH_SWITCHES = (
     "hook_residuals",
     "module_hook_residuals",
     "tensor_container_guards",
+    "tensor_container_nested_guards",
 )
 
 

@@ -99,32 +99,29 @@ cache entry 0:
         self.assertExpectedInline(text, """\
 Guards of step (test_guard_explainer.py:38): 1 cache entry
 cache entry 0:
-  3419 guards on 6 objects: tensor bookkeeping 2402, tensor 400, type 204, not None 200, aliasing 200, global state 4, contents 3, identity 3, accelerated container 2, value 1
-    self.param_groups: 1608 guards  [init_values_once[self.param_groups], init_values_once[self.state], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
+  23 guards on 6 objects: accelerated container 6, global state 4, type 4, contents 3, identity 3, tensor bookkeeping 2, value 1
+    self.param_groups: 8 guards  [init_values_once[self.param_groups], accelerated container guard]
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
         type of 3 objects
         contents (2 key/length checks)
-        tensor metadata of 200 Tensor (float32x200; 200 of them grads): dtype, device, shape, stride, requires_grad; all dims static
-        1000 dynamic-dim marker checks
-        200 same-object checks (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
-        presence of 200 values (not None)
         value: self.param_groups[0]['lr'] == 0.1
-    self.state: 1400 guards  [init_values_once[self.state]]
-        type of 200 objects
-        tensor metadata of 200 Tensor (float32x200): dtype, device, shape, stride, requires_grad; all dims static
-        1000 dynamic-dim marker checks
-    <no-aliasing check>: 402 guards
-        one native no-aliasing check over 400 tensors
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
+    self: 4 guards  [init_values_once[self.state], accelerated container guard]
+        200 same-object checks in one native ObjectIdentityGuard (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
+        type of 1 object
+        contents (1 key/length check)
     <globals and imports>: 3 guards
         identity of 3 objects
-    self: 2 guards
-        type of 1 object
-        contents (1 key/length check)""", skip=1)
+    <no-aliasing check>: 2 guards
+        one native no-aliasing check over 400 tensors
+    self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)""", skip=1)
         raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
         self.assertLessEqual(len(text.splitlines()), 40)
-        self.assertGreater(len(raw.splitlines()), 2000)
+        # grads, state buffers and the param/state-key pairs are native guards
+        # (guard_accel_nested); the stock tree has over 2,000 lines.
+        self.assertLess(len(raw.splitlines()), 60)
 
     def test_function_taking_dict_of_tensors(self):
         fn = torch.compile(add_all, backend="eager")

@@ -197,6 +197,9 @@ def _describe_accelerated(lines: list[GuardLine], closure_vars: dict[str, Any]) 
             continue  # the same guard's reason part
         name = line.code.split("(", 1)[0]
         guard = closure_vars.get(name)
+        if hasattr(guard, "summary"):  # the native guard says what it checks
+            parts.append(guard.summary())
+            continue
         count = guard.num_tensors() if hasattr(guard, "num_tensors") else "?"
         parts.append(f"tensor metadata of {count} tensors in one native TensorContainerGuard "
                      "(type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)")

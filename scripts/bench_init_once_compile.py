@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""First compile of bench_skip_guard.py case (b) (OnceSGD): stock guards / patch 0008 only
+(tensor_container_nested_guards=False) / 0008+0012, alternated in one process, medians.
+Usage: .venv/bin/python scripts/bench_init_once_compile.py [N=1000] [REPS=5]"""
+import os, sys, statistics
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch, torch._dynamo
+from torch._dynamo.utils import compilation_time_metrics
+import bench_skip_guard as b
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+REPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+configs = {
+    "stock guards": dict(tensor_container_guards=False),
+    "0008 only (nested off)": dict(tensor_container_guards=True, tensor_container_nested_guards=False),
+    "0008+0012": dict(tensor_container_guards=True, tensor_container_nested_guards=True),
+}
+res = {k: {"first": [], "build": [], "steady": []} for k in configs}
+for rep in range(REPS):
+    for name, cfg in configs.items():
+        with torch._dynamo.config.patch(**cfg):
+            before = 0.0  # run() resets Dynamo, which clears the metrics
+            r = b.run("b", N, 12, "eager")
+            res[name]["first"].append(r["first"])
+            res[name]["build"].append(sum(compilation_time_metrics.get("build_guards", [])) - before)
+            res[name]["steady"].append(r["steady"])
+            assert r["frames"] == 1, r
+print(f"case (b) N={N}, {REPS} reps alternated, medians")
+for name, d in res.items():
+    print(f"  {name:24s} first compile {statistics.median(d['first']):.3f} s  build_guards {statistics.median(d['build']):.3f} s  steady step {statistics.median(d['steady'])*1e3:.3f} ms")

@@ -1,0 +1,349 @@
+# Owner(s): ["module: dynamo"]
+"""Native guards for grads, dicts of dicts and identity pairs (guard_accel_nested)."""
+
+import copy
+import random
+import re
+import types
+import unittest
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo import config, guard_accel
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.exc import RecompileError
+from torch._dynamo.testing import CompileCounter
+
+
+N = 1000
+
+
+class PlainSGD:
+    def __init__(self, params, lr=0.01, momentum=0.9):
+        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
+        self.state = {}
+
+    def _init_group(self, group, params, grads, bufs):
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state.get(p)
+            if state is None:
+                state = self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
+            params.append(p)
+            grads.append(p.grad)
+            bufs.append(state["momentum_buffer"])
+
+    def step(self):
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                torch._foreach_mul_(bufs, group["momentum"])
+                torch._foreach_add_(bufs, grads)
+                torch._foreach_add_(params, bufs, alpha=-group["lr"])
+
+
+def make_opt_class():
+    """A fresh OnceSGD class (own code objects, so its own Dynamo cache)."""
+
+    def step(self):
+        return PlainSGD.step(self)
+
+    step = types.FunctionType(
+        PlainSGD.step.__code__.replace(co_name=f"step_{id(object())}"),
+        PlainSGD.step.__globals__,
+    )
+
+    class OnceSGD(PlainSGD):
+        @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
+        def _init_group(self, group, params, grads, bufs):
+            super()._init_group(group, params, grads, bufs)
+
+    OnceSGD.step = step
+    return OnceSGD
+
+
+def make_params(n, none_grads=()):
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(n)]
+    for i, p in enumerate(params):
+        p.grad_dtype = None  # allow grads of another dtype
+        if i not in none_grads:
+            p.grad = torch.randn(4)
+    return params
+
+
+def compile_opt(params, accel=True, opt=None):
+    if opt is None:
+        opt = make_opt_class()(params)
+    cls = type(opt)
+    cnt = CompileCounter()
+    with config.patch(tensor_container_guards=accel):
+        compiled = torch.compile(opt.step, backend=cnt)
+        compiled()
+    entries = _debug_get_cache_entry_list(cls.step)
+    assert len(entries) == 1, len(entries)
+    return opt, compiled, cnt, entries[0].guard_manager
+
+
+requires_extension = unittest.skipIf(
+    guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
+)
+
+
+@requires_extension
+class NestedGuardTests(torch._dynamo.test_case.TestCase):
+    def assert_recompile_reason(self, compiled, reason):
+        with config.patch(error_on_recompile=True):
+            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+                compiled()
+
+    def test_tree_is_compact(self):
+        params = make_params(64)
+        _, _, _, gm = compile_opt(params)
+        tree = str(gm)
+        self.assertNotIn("TENSOR_MATCH", tree)
+        self.assertNotIn("GradGuardAccessor", tree)
+        self.assertNotIn("NOT_NONE", tree)
+        self.assertNotIn("KeyValueManager", tree)
+        self.assertNotIn(" is list(dict.keys", tree)
+        self.assertEqual(gm.closure_vars["___tensor_container_identity"].num_pairs(), 64)
+        self.assertEqual(gm.closure_vars["___tensor_container_nested_0"].num_tensors(), 64)
+        # grads (64) and buffers (64); the parameters skip the no-aliasing guard
+        self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 128)
+
+    def test_switch_off_is_stock(self):
+        params = make_params(16)
+        _, _, _, gm = compile_opt(params, accel=False)
+        tree = str(gm)
+        self.assertIn("GradGuardAccessor", tree)
+        self.assertIn("is list(dict.keys", tree)
+        self.assertFalse(any(k.startswith("___tensor_container") for k in gm.closure_vars))
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
+
+    def test_nested_switch_off_keeps_container_guards_only(self):
+        params = make_params(16)
+        with config.patch(tensor_container_nested_guards=False):
+            _, _, _, gm = compile_opt(params)
+        tree = str(gm)
+        self.assertIn("___tensor_container_0", gm.closure_vars)  # the params list
+        self.assertIn("GradGuardAccessor", tree)
+        self.assertIn("is list(dict.keys", tree)
+        self.assertNotIn("___tensor_container_nested_0", gm.closure_vars)
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
+
+    def test_small_frames_stay_stock(self):
+        params = make_params(config.tensor_container_guard_min_size - 1)
+        _, _, _, gm = compile_opt(params)
+        self.assertIn("GradGuardAccessor", str(gm))
+        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
+
+    def test_subclass_grad_keeps_stock_guards(self):
+        # A grad the native guard does not handle (a tensor subclass) keeps its
+        # own NOT_NONE and TENSOR_MATCH guards; the other grads are native.
+        class MyTensor(torch.Tensor):
+            pass
+
+        params = make_params(16)
+        params[7].grad = torch.randn(4).as_subclass(MyTensor)
+        opt, compiled, cnt, gm = compile_opt(params)
+        tree = str(gm)
+        self.assertEqual(tree.count("GradGuardAccessor"), 1)
+        self.assertIn("['params'][7].grad", tree)
+        params[7].grad = torch.randn(4)
+        with config.patch(error_on_recompile=True):
+            with self.assertRaises(RecompileError):
+                compiled()
+
+    def test_grads_alone_join_the_aliasing_group(self):
+        # Only Parameters (exempt from no-aliasing) and their grads: the group
+        # is still installed for the grads.
+        def step(params):
+            with torch.no_grad():
+                torch._foreach_add_(params, [p.grad for p in params])
+
+        params = make_params(16)
+        cnt = CompileCounter()
+        compiled = torch.compile(step, backend=cnt)
+        compiled(params)
+        gm = _debug_get_cache_entry_list(step)[0].guard_manager
+        self.assertNotIn("GradGuardAccessor", str(gm))
+        self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 16)
+        g = params[9].grad
+        params[9].grad = params[2].grad
+        with config.patch(error_on_recompile=True):
+            with self.assertRaisesRegex(RecompileError, re.escape("[9].grad are the same tensor")):
+                compiled(params)
+        params[9].grad = g
+        compiled(params)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_each_field_change_fails_and_is_named(self):
+        params = make_params(N, none_grads={5})
+        opt, compiled, cnt, _ = compile_opt(params)
+        grads = "self.param_groups[0]['params']"
+        p = params[417]
+        g = p.grad
+        bufs = list(opt.state.values())
+        buf = bufs[416]["momentum_buffer"]  # params[5] has no state: position 416
+        state_name = "self.state[list(dict.keys(self.state))[416]]['momentum_buffer']"
+        q = torch.nn.Parameter(p.detach().clone())
+        q.grad = g
+        cases = {
+            "grad None": (lambda: setattr(p, "grad", None), lambda: setattr(p, "grad", g),
+                          f"{grads}[417].grad: is None, expected a tensor"),
+            "grad present": (lambda: setattr(params[5], "grad", torch.randn(4)),
+                             lambda: setattr(params[5], "grad", None),
+                             f"{grads}[5].grad: is a tensor, expected None"),
+            "grad dtype": (lambda: setattr(p, "grad", g.double()), lambda: setattr(p, "grad", g),
+                           f"{grads}[417].grad: dtype changed float32 -> float64"),
+            "grad stride": (lambda: setattr(p, "grad", torch.randn(8)[::2]),
+                            lambda: setattr(p, "grad", g),
+                            f"{grads}[417].grad: stride[0] changed 1 -> 2"),
+            "grad requires_grad": (lambda: setattr(p, "grad", g.clone().requires_grad_()),
+                                   lambda: setattr(p, "grad", g),
+                                   f"{grads}[417].grad: requires_grad changed False -> True"),
+            "grad aliasing": (lambda: setattr(p, "grad", params[3].grad),
+                              lambda: setattr(p, "grad", g),
+                              f"{grads}[3].grad and {grads}[417].grad are the same tensor"),
+            "state dtype": (lambda: bufs[416].__setitem__("momentum_buffer", buf.double()),
+                            lambda: bufs[416].__setitem__("momentum_buffer", buf),
+                            f"{state_name}: dtype changed float32 -> float64"),
+            "state missing": (lambda: bufs[416].pop("momentum_buffer"),
+                              lambda: bufs[416].__setitem__("momentum_buffer", buf),
+                              f"{state_name}: missing from the container"),
+            "state aliasing": (lambda: bufs[416].__setitem__("momentum_buffer", bufs[3]["momentum_buffer"]),
+                               lambda: bufs[416].__setitem__("momentum_buffer", buf),
+                               "are the same tensor"),
+            "param swapped": (lambda: opt.param_groups[0]["params"].__setitem__(417, q),
+                              lambda: opt.param_groups[0]["params"].__setitem__(417, p),
+                              f"{grads}[417] is list(dict.keys(self.state))[416]"),
+        }
+        # Same metadata, new grads: no recompile.
+        for x in params:
+            if x.grad is not None:
+                x.grad = torch.randn(4)
+        g = p.grad
+        q.grad = g
+        compiled()
+        self.assertEqual(cnt.frame_count, 1)
+        for field, (mutate, restore, reason) in cases.items():
+            with self.subTest(field=field):
+                mutate()
+                try:
+                    self.assert_recompile_reason(compiled, reason)
+                finally:
+                    restore()
+        compiled()
+        self.assertEqual(cnt.frame_count, 1)
+
+
+class Mutator:
+    """Random mutations of an optimizer's grads, state and param list (a copy)."""
+
+    def __init__(self, rng, opt):
+        self.rng = rng
+        self.opt = opt
+
+    def case(self):
+        """(mutated optimizer copy, undo) for one random mutation."""
+        rng, opt = self.rng, self.opt
+        new = copy.copy(opt)
+        new.param_groups = [dict(g, params=list(g["params"])) for g in opt.param_groups]
+        new.state = {k: dict(v) for k, v in opt.state.items()}
+        params = new.param_groups[0]["params"]
+        undo = []
+        for _ in range(rng.choice([1, 1, 1, 2])):
+            i = rng.randrange(len(params))
+            p = params[i]
+            kind = rng.choice(
+                ["grad_none", "grad_new", "grad_dtype", "grad_stride", "grad_alias",
+                 "grad_alias_buf", "grad_set", "state_new", "state_dtype", "state_del",
+                 "state_add_key", "state_alias", "outer_del", "outer_add", "param_swap",
+                 "param_new", "inner_type", "nothing"]
+            )
+            old_grad = p.grad
+            undo.append(lambda p=p, g=old_grad: setattr(p, "grad", g))
+            other = params[rng.randrange(len(params))]
+            keys = list(new.state)
+            k = keys[rng.randrange(len(keys))]
+            if kind == "grad_none":
+                p.grad = None
+            elif kind == "grad_new":
+                p.grad = torch.randn(4) if old_grad is not None else None
+            elif kind == "grad_set":
+                p.grad = torch.randn(4)
+            elif kind == "grad_dtype":
+                p.grad = torch.randn(4, dtype=torch.float64)
+            elif kind == "grad_stride":
+                p.grad = torch.randn(8)[::2]
+            elif kind == "grad_alias":
+                p.grad = other.grad
+            elif kind == "grad_alias_buf":
+                p.grad = new.state[k]["momentum_buffer"]
+            elif kind == "state_new":
+                new.state[k]["momentum_buffer"] = torch.zeros(4)
+            elif kind == "state_dtype":
+                new.state[k]["momentum_buffer"] = torch.zeros(4, dtype=torch.float64)
+            elif kind == "state_del":
+                del new.state[k]["momentum_buffer"]
+            elif kind == "state_add_key":
+                new.state[k]["extra"] = torch.zeros(4)
+            elif kind == "state_alias":
+                k2 = keys[rng.randrange(len(keys))]
+                if "momentum_buffer" in new.state[k2]:
+                    new.state[k]["momentum_buffer"] = new.state[k2]["momentum_buffer"]
+            elif kind == "outer_del":
+                del new.state[k]
+            elif kind == "outer_add":
+                new.state[torch.nn.Parameter(torch.randn(4))] = {"momentum_buffer": torch.zeros(4)}
+            elif kind == "param_swap":
+                j = rng.randrange(len(params))
+                params[i], params[j] = params[j], params[i]
+            elif kind == "param_new":
+                q = torch.nn.Parameter(p.detach().clone())
+                q.grad = old_grad
+                params[i] = q
+            elif kind == "inner_type":
+                import collections
+
+                new.state[k] = collections.OrderedDict(new.state[k])
+        return new, undo
+
+
+class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
+    CASES = 300
+
+    @requires_extension
+    def test_agrees_with_stock(self):
+        for seed in range(2):
+            params = make_params(24, none_grads={2, 11})
+            managers = {}
+            opt = make_opt_class()(params)
+            for accel in (False, True):
+                torch._dynamo.reset()
+                _, _, _, managers[accel] = compile_opt(params, accel=accel, opt=opt)
+            self.assertIn("___tensor_container_identity", managers[True].closure_vars)
+            self.assertNotIn("___tensor_container_identity", managers[False].closure_vars)
+            rng = random.Random(seed)
+            mutator = Mutator(rng, opt)
+            outcomes = {True: 0, False: 0}
+            for case in range(self.CASES):
+                new, undo = mutator.case()
+                try:
+                    f_locals = {"self": new}
+                    stock = managers[False].check(f_locals)
+                    accel = managers[True].check(f_locals)
+                finally:
+                    for u in reversed(undo):
+                        u()
+                self.assertEqual(accel, stock, f"seed {seed} case {case}")
+                outcomes[stock] += 1
+            self.assertGreater(outcomes[True], self.CASES // 10)
+            self.assertGreater(outcomes[False], self.CASES // 4)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

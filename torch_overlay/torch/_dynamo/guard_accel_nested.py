@@ -1,0 +1,474 @@
+"""Native guards for grads, per-tensor state dicts and object identity pairs.
+
+``guard_accel`` checks the tensors of a large list, tuple or dict in one native
+loop. Optimizer-like objects (``init_values_once`` guarded inputs, see
+``scripts/bench_skip_guard.py``) leave three kinds of per-tensor guards beside
+those, each O(N) nodes and O(N) work per call:
+
+* the ``.grad`` of every parameter of a planned container (GradSource):
+  NOT_NONE_MATCH or CONSTANT_MATCH(None), TENSOR_MATCH, a share of no-aliasing;
+* a dict of dicts of tensors reached through a DictGuardManager with tensor keys
+  (``self.state[p]['momentum_buffer']``): TYPE_MATCH per inner dict, TENSOR_MATCH
+  per tensor;
+* ``params[i] is list(dict.keys(state))[i]`` (DUPLICATE_INPUT), one Python
+  ``is`` lambda per pair, built with ``ast`` at compile time.
+
+This module extends the plan of ``guard_accel``: a grad's guards become an
+optional grad record of its element's record (checked in the same loop; grads
+join the aliasing group), a dict of dicts becomes a ``dict_nested`` container
+(records located by outer position and inner str key), and the identity pairs
+become one ``ObjectIdentityGuard`` epilogue that fetches both containers from the
+frame locals at every check and compares their live items: no object is kept
+alive and no pointer is kept between checks.
+
+A guard taken over here is only dropped from the tree if its replacement is
+installed: at install time, every taken guard whose element has no record is
+created as usual (``_create_stock``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, TYPE_CHECKING
+
+from . import config, guard_accel
+from .source import (
+    AttrSource,
+    ConstDictKeySource,
+    DictGetItemSource,
+    GetItemSource,
+    GradSource,
+    ListGetItemSource,
+    LocalSource,
+)
+from .utils import istype
+
+
+if TYPE_CHECKING:
+    from torch._guards import Guard, Source
+
+    from .guards import GuardBuilder
+
+
+@dataclasses.dataclass
+class _GradPlan:
+    container: Any  # guard_accel._Container
+    locator: Any
+    expect_none: bool
+    guards: list[Guard]  # every guard taken over for this grad
+    tensor_guard: Guard | None  # its TENSOR_MATCH, recorded by add_tensor
+
+
+class _SharedGroup:
+    """The extension, handing guard_accel a TensorAliasingGroup made beforehand."""
+
+    def __init__(self, ext: Any, group: Any) -> None:
+        self._ext = ext
+        self.group = group
+
+    def TensorAliasingGroup(self) -> Any:  # noqa: N802 (mirrors the extension)
+        return self.group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ext, name)
+
+
+class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
+    def __init__(self, extension: Any, containers: list[Any]) -> None:
+        super().__init__(extension, containers)
+        self._grads: dict[str, _GradPlan] = {}  # grad source name -> plan
+        # TENSOR_MATCH of a grad -> a shadow container collecting its record
+        self._grad_shadows: dict[int, Any] = {}
+        self._taken: dict[int, Guard] = {}  # id(guard) -> guard, see takes_guard
+        # inner dict TYPE_MATCH guards of dict_nested containers: id -> (container, position)
+        self._inner_types: dict[int, tuple[Any, int]] = {}
+        self._identity_pairs: list[tuple[Guard, Any, Any]] = []
+
+    def takes_guard(self, builder: GuardBuilder, guard: Guard) -> bool:
+        """True: the guard is checked by a native guard; do not create it."""
+        return id(guard) in self._taken
+
+    def _take(self, guard: Guard) -> None:
+        self._taken[id(guard)] = guard
+
+    # -- grads ---------------------------------------------------------------
+
+    def plan_grads(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        by_grad: dict[str, list[Guard]] = {}
+        for guard in guards:
+            source = guard.originating_source
+            if (
+                istype(source, GradSource)
+                and source.member == "grad"
+                and source.base.name in self._by_member
+            ):
+                by_grad.setdefault(source.name, []).append(guard)
+        output_graph = builder.check_fn_manager.output_graph
+        from .guards import match_on_id_for_tensor
+
+        for name, grad_guards in by_grad.items():
+            source = grad_guards[0].originating_source
+            container = self._by_member[source.base.name]
+            locator = container.members[source.base.name]  # (locator, key), as in records
+            kinds = {guard_accel._create_fn_name(g) for g in grad_guards}
+            value = builder.get(source)
+            tensor_guard = None
+            if value is None:
+                if not kinds <= {"CONSTANT_MATCH", "NONE_MATCH"}:
+                    continue
+            else:
+                if not kinds <= {"NOT_NONE_MATCH", "TENSOR_MATCH"}:
+                    continue
+                if "TENSOR_MATCH" in kinds:
+                    tensor_guard = next(
+                        g for g in grad_guards if guard_accel._create_fn_name(g) == "TENSOR_MATCH"
+                    )
+                    if (
+                        match_on_id_for_tensor(tensor_guard)
+                        or source not in output_graph.input_source_to_sizes_strides
+                        or not guard_accel._supported_tensor(value)
+                        or (config._unsafe_skip_fsdp_module_guards and tensor_guard.is_fsdp_module())
+                    ):
+                        continue
+            plan = _GradPlan(container, locator, value is None, grad_guards, tensor_guard)
+            self._grads[name] = plan
+            for g in grad_guards:
+                if g is tensor_guard:
+                    shadow = guard_accel._Container(source, name, container.kind, None)
+                    shadow.members[g.name] = locator
+                    self._by_member[g.name] = shadow
+                    self._grad_shadows[id(g)] = shadow
+                else:
+                    self._take(g)
+
+    # -- nested dicts --------------------------------------------------------
+
+    def note_inner_type_guards(self, guards: list[Guard]) -> None:
+        inner: dict[str, tuple[Any, int]] = {}
+        for container in self.containers:
+            for source_name, position in getattr(container, "inner_sources", {}).items():
+                inner[source_name] = (container, position)
+        for guard in guards:
+            if guard.name in inner and guard_accel._create_fn_name(guard) == "TYPE_MATCH":
+                self._inner_types[id(guard)] = inner[guard.name]
+                self._take(guard)
+
+    # -- identity pairs (DUPLICATE_INPUT) -------------------------------------
+
+    def plan_identity(self, builder: GuardBuilder, guards: list[Guard], min_size: int) -> None:
+        from .guards import is_from_optimizer_source, is_from_skip_guard_source
+
+        seen: set[frozenset[str]] = set()
+        pairs = []
+        for guard in guards:
+            if guard_accel._create_fn_name(guard) != "DUPLICATE_INPUT":
+                continue
+            source_b = getattr(guard.create_fn, "keywords", {}).get("source_b")
+            source_a = guard.originating_source
+            if source_b is None or any(
+                is_from_skip_guard_source(s) or is_from_optimizer_source(s)
+                for s in (source_a, source_b)
+            ):
+                continue  # stock installs nothing for these
+            item_a = _identity_item(builder, source_a)
+            item_b = _identity_item(builder, source_b)
+            if item_a is None or item_b is None:
+                continue
+            key = frozenset((source_a.name, source_b.name))
+            if key in seen:
+                self._take(guard)  # stock skips a repeated pair as well
+                continue
+            seen.add(key)
+            pairs.append((guard, item_a, item_b))
+        if len(pairs) < min_size:
+            return
+        for guard, _, _ in pairs:
+            self._take(guard)
+        self._identity_pairs = pairs
+
+    # -- install -------------------------------------------------------------
+
+    def _create_stock(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        builder.tensor_container_plan = None
+        try:
+            for guard in guards:
+                guard.create(builder)
+        finally:
+            builder.tensor_container_plan = self
+
+    def prepare(self, builder: GuardBuilder) -> None:
+        """Attach grad records; create taken guards that found no record as usual."""
+        fallback: list[Guard] = []
+        record_locators = {id(c): {(r[0], r[1]) for r in c.records} for c in self.containers}
+        grad_specs: dict[int, dict[Any, Any]] = {}
+        for plan in self._grads.values():
+            locator = plan.locator
+            container = plan.container
+            shadow = self._grad_shadows.get(id(plan.tensor_guard)) if plan.tensor_guard else None
+            if locator not in record_locators[id(container)]:
+                fallback += plan.guards  # its element kept stock guards: so does the grad
+                continue
+            if plan.expect_none:
+                spec: Any = "none"
+            elif shadow is not None and shadow.records:
+                spec = shadow.records[0][:8]
+                container.diff_source |= shadow.diff_source
+            elif plan.tensor_guard is not None and any(g is not plan.tensor_guard for g in plan.guards):
+                spec = "present"  # TENSOR_MATCH was not created (stock would skip it too)
+            else:
+                spec = None
+            grad_specs.setdefault(id(container), {})[locator] = spec
+        for container in self.containers:
+            specs = grad_specs.get(id(container))
+            if specs:
+                container.records = [
+                    (*r[:8], specs.get((r[0], r[1])))
+                    for r in container.records
+                ]
+        positions = {id(c): {r[0] for r in c.records} for c in self.containers}
+        for guard_id, (container, position) in self._inner_types.items():
+            if position not in positions[id(container)]:
+                fallback.append(self._taken[guard_id])
+        if fallback:
+            self._create_stock(builder, fallback)
+
+    def install_identity(self, builder: GuardBuilder) -> None:
+        if not self._identity_pairs:
+            return
+        bases: list[tuple[str | None, list[tuple[bool, Any]], bool]] = []
+        base_index: dict[tuple[Any, ...], int] = {}
+        pairs = []
+        # All pairs under one frame local (self): the guard goes on that local's
+        # node, next to what it checks, and starts from it; else on the root.
+        locals_ = {item[0] for _, a, b in self._identity_pairs for item in (a, b)}
+        local = next(iter(locals_)) if len(locals_) == 1 else None
+
+        def base_of(item: tuple[Any, ...]) -> int:
+            source, steps, keys, _ = item
+            name = None if local is not None else source.local_name
+            key = (name, tuple(steps), keys)
+            if key not in base_index:
+                base_index[key] = len(bases)
+                bases.append((name, list(steps), keys))
+            return base_index[key]
+
+        for guard, item_a, item_b in self._identity_pairs:
+            ref_a = builder.arg_ref(guard)
+            ref_b = builder.arg_ref(guard.create_fn.keywords["source_b"].name)
+            # Shown without L[...], as recompile reasons show sources.
+            text = re.sub(r"\bL\['([A-Za-z_]\w*)'\]", r"\1", f"{ref_b} is {ref_a}")
+            pairs.append((base_of(item_a), item_a[3], base_of(item_b), item_b[3], text))
+        identity = self.extension.make_object_identity_guard(bases, pairs)
+        # The guard_accel prefix: explain_guards lists it as an accelerated guard.
+        var = "___tensor_container_identity"
+        self.closure_vars[var] = identity
+        from .guards import get_verbose_code_parts
+
+        first = self._identity_pairs[0][0]
+        arg = builder.arg_ref(local.name) if local is not None else "L"
+        code_parts = get_verbose_code_parts(
+            [f"{var}.explain({arg})", f"{var}({arg})  # {len(pairs)} `is` pairs of container items"],
+            first,
+        )
+        if local is not None:
+            builder.get_guard_manager_from_source(local).add_lambda_guard(
+                identity, code_parts, first.user_stack
+            )
+        else:
+            builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
+
+
+def _path(source: Source) -> tuple[Source, list[tuple[bool, Any]]] | None:
+    """(the LocalSource, steps) that reach `source` from a frame local, or None."""
+    steps: list[tuple[bool, Any]] = []
+    while True:
+        if istype(source, LocalSource):
+            steps.reverse()
+            return source, steps
+        if istype(source, AttrSource):
+            if "." in source.member:
+                return None
+            steps.append((True, source.member))
+        elif istype(source, DictGetItemSource):
+            if type(source.index) not in (str, int):
+                return None
+            steps.append((False, source.index))
+        elif istype(source, (GetItemSource, ListGetItemSource)):
+            if source.index_is_slice or type(source.index) is not int or source.index < 0:
+                return None
+            steps.append((False, source.index))
+        else:
+            return None
+        source = source.base
+
+
+def _identity_item(builder: GuardBuilder, source: Source) -> tuple[Any, ...] | None:
+    """(local, steps, keys, index) of a list/tuple item or a dict key by position."""
+    if istype(source, ConstDictKeySource):
+        if not isinstance(builder.get(source.base), dict) or type(source.index) is not int:
+            return None
+        keys = True
+    elif istype(source, (GetItemSource, ListGetItemSource)):
+        if source.index_is_slice or type(source.index) is not int or source.index < 0:
+            return None
+        if type(builder.get(source.base)) not in (list, tuple):
+            return None
+        keys = False
+    else:
+        return None
+    path = _path(source.base)
+    if path is None:
+        return None
+    return (path[0], path[1], keys, source.index)
+
+
+def _plan_nested(
+    builder: GuardBuilder, guards: list[Guard], taken: set[str], min_size: int
+) -> list[Any]:
+    """dict_nested containers: outer[ConstDictKey(i)][str key] tensors."""
+    from .guards import match_on_id_for_tensor
+
+    output_graph = builder.check_fn_manager.output_graph
+    containers: dict[str, Any] = {}
+    for guard in guards:
+        if guard_accel._create_fn_name(guard) != "TENSOR_MATCH" or guard.name in taken:
+            continue
+        source = guard.originating_source
+        if not istype(source, DictGetItemSource) or type(source.index) is not str:
+            continue
+        inner = source.base
+        if not istype(inner, DictGetItemSource) or not istype(inner.index, ConstDictKeySource):
+            continue
+        outer = inner.base
+        if inner.index.base != outer or type(inner.index.index) is not int:
+            continue
+        if match_on_id_for_tensor(guard) or source not in output_graph.input_source_to_sizes_strides:
+            continue
+        if config._unsafe_skip_fsdp_module_guards and guard.is_fsdp_module():
+            continue
+        outer_value = builder.get(outer)
+        if type(outer_value) is not dict or type(builder.get(inner)) is not dict:
+            continue
+        if not builder.requires_key_order_guarding(outer):
+            continue
+        # The guard needs a plain node for the dict (a DictGuardManager takes
+        # ID_MATCH leaves only).
+        if guard_accel._second_node_accessor(builder, outer) is None:
+            continue
+        if not guard_accel._supported_tensor(builder.get(source)):
+            continue
+        container = containers.get(outer.name)
+        if container is None:
+            container = containers[outer.name] = guard_accel._Container(
+                outer, outer.name, "dict_nested", outer_value
+            )
+            container.inner_sources = {}
+        locator = (inner.index.index, source.index)
+        if locator in container.locators:
+            continue
+        container.locators.add(locator)
+        container.members[guard.name] = locator
+        container.inner_sources[inner.name] = inner.index.index
+    return [c for c in containers.values() if len(c.members) >= min_size]
+
+
+def plan_tensor_containers(
+    builder: GuardBuilder, guards: list[Guard], save_guards: bool
+) -> guard_accel.TensorContainerPlan | None:
+    """guard_accel's plan, extended with grads, dicts of dicts and identity pairs."""
+    base = guard_accel.plan_tensor_containers(builder, guards, save_guards)
+    if not config.tensor_container_guards or save_guards:
+        return base
+    output_graph = builder.check_fn_manager.output_graph
+    if output_graph is None or output_graph.export:
+        return base
+    min_size = max(config.tensor_container_guard_min_size, 2)
+    tensor_guards = sum(1 for g in guards if guard_accel._create_fn_name(g) == "TENSOR_MATCH")
+    if tensor_guards < min_size:
+        return base
+    ext = guard_accel.extension()
+    if (
+        ext is None
+        or not config.tensor_container_nested_guards
+        or not hasattr(ext, "make_object_identity_guard")
+    ):
+        # An extension without this module's guards: guard_accel's plan only.
+        return NestedTensorContainerPlan(ext, base.containers) if base is not None else None
+    containers = list(base.containers) if base is not None else []
+    taken = {m for c in containers for m in c.members}
+    containers += _plan_nested(builder, guards, taken, min_size)
+    plan = NestedTensorContainerPlan(ext, containers)
+    plan.plan_grads(builder, guards)
+    plan.note_inner_type_guards(guards)
+    plan.plan_identity(builder, guards, min_size)
+    if not containers and not plan._identity_pairs:
+        return None
+    return plan
+
+
+def _install_nested(
+    builder: GuardBuilder, plan: NestedTensorContainerPlan, containers: list[Any], group: Any
+) -> None:
+    """One TensorContainerGuard per dict of dicts, on a second, plain node for it."""
+    from .guards import get_verbose_code_parts
+
+    for i, container in enumerate(containers):
+        if not container.records:
+            continue
+        ref = builder.arg_ref(container.name)
+        records = sorted(container.records, key=lambda r: (r[0], r[1]))
+        guard_fn = plan.extension.make_tensor_container_guard(
+            "dict_nested", ref, dict, None, records, group
+        )
+        var = f"___tensor_container_nested_{i}"
+        plan.closure_vars[var] = guard_fn
+        node = guard_accel._second_node(builder, container)
+        node.add_lambda_guard(
+            guard_fn,
+            get_verbose_code_parts([f"{var}.explain({ref})", f"{var}({ref})"], container.guard),
+            container.guard.user_stack,
+        )
+        if container.diff_source:
+            builder.guard_manager.diff_guard_sources.add(node.get_source())
+        # The guard keeps metadata only; do not keep the frame's tensors alive.
+        container.records = []
+        container.value = None
+
+
+def install_tensor_container_guards(builder: GuardBuilder) -> bool:
+    """guard_accel.install_tensor_container_guards, plus grads and identity pairs."""
+    plan = builder.tensor_container_plan
+    if not isinstance(plan, NestedTensorContainerPlan):
+        return guard_accel.install_tensor_container_guards(builder)
+    plan.prepare(builder)
+    ext = plan.extension
+    group = ext.TensorAliasingGroup()
+    nested = [c for c in plan.containers if c.kind == "dict_nested"]
+    _install_nested(builder, plan, nested, group)
+    all_containers = plan.containers
+    plan.containers = [c for c in all_containers if c.kind != "dict_nested"]
+    plan.extension = _SharedGroup(ext, group)
+    try:
+        installed = guard_accel.install_tensor_container_guards(builder)
+    finally:
+        plan.extension = ext
+        plan.containers = all_containers
+    if (
+        installed
+        and group is not None
+        and "___tensor_aliasing_group" not in plan.closure_vars
+        and group.num_tensors() > 1
+    ):
+        # guard_accel counts element records only; grads may make the group needed.
+        plan.closure_vars["___tensor_aliasing_group"] = group
+        builder.guard_manager.root.add_epilogue_lambda_guard(
+            group,
+            [
+                "___tensor_aliasing_group.explain()",
+                f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
+            ],
+            None,
+        )
+    plan.install_identity(builder)
+    return installed
