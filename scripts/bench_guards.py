@@ -46,6 +46,8 @@ import torch._dynamo
 import torch._dynamo.config as dynamo_config
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+from bench_skip_guard import PlainSGD  # the same optimizer-like class as that benchmark
+
 
 def f_list(xs):
     return torch._foreach_add(xs, 1)
@@ -63,32 +65,6 @@ def adam_update(params, grads, exp_avgs, exp_avg_sqs):
         denom = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_add_(denom, 1e-8)
         torch._foreach_addcdiv_(params, exp_avgs, denom, -0.01)
-
-
-class PlainSGD:
-    def __init__(self, params, lr=0.01, momentum=0.9):
-        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
-        self.state = {}
-
-    def _init_group(self, group, params, grads, bufs):
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state.get(p)
-            if state is None:
-                state = self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(state["momentum_buffer"])
-
-    def step(self):
-        with torch.no_grad():
-            for group in self.param_groups:
-                params, grads, bufs = [], [], []
-                self._init_group(group, params, grads, bufs)
-                torch._foreach_mul_(bufs, group["momentum"])
-                torch._foreach_add_(bufs, grads)
-                torch._foreach_add_(params, bufs, alpha=-group["lr"])
 
 
 def once_sgd_class(tag: str) -> type:
