@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import DynapatchError, Project, log, python_exe, run
+from .series import read_series_names
 
 # Upstream files covering what the series touches: guards, recompiles, hooks,
 # modules, optimizers, unspecialized scalars, decorators.
@@ -112,6 +113,40 @@ class Comparison:
     regressions: list[str]
     newly_passing: list[str]
     now_skipped: list[str]
+    # Regressions listed in patches/upstream-expected-changes: test id -> "patch: why".
+    expected: dict[str, str] = field(default_factory=dict)
+
+    def unexpected_regressions(self) -> list[str]:
+        return [t for t in self.regressions if t not in self.expected]
+
+
+EXPECTED_CHANGES = "upstream-expected-changes"
+
+
+def load_expected_changes(project: Project) -> dict[str, str]:
+    """Reviewed upstream test results the series changes on purpose: test id -> reason.
+
+    Lines of patches/upstream-expected-changes are `<test id> <patch name> <why>`
+    (`#` starts a comment); the test id is the one this report prints and the patch
+    must be in the series, so an entry cannot outlive the patch it explains.
+    """
+    path = project.patches / EXPECTED_CHANGES
+    if not path.is_file():
+        return {}
+    series = {p.split("-", 1)[0]: p for p in read_series_names(project)}
+    expected = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split(None, 2)
+        if len(parts) < 3:
+            raise DynapatchError(f"{path}:{lineno}: expected `<test id> <patch number> <why>`")
+        test_id, patch, why = parts
+        if patch not in series:
+            raise DynapatchError(f"{path}:{lineno}: patch {patch} is not in patches/series")
+        expected[test_id] = f"{series[patch]}: {why}"
+    return expected
 
 
 def compare(stock: list[FileRun], patched: list[FileRun]) -> Comparison:
@@ -137,11 +172,13 @@ def format_report(stock: list[FileRun], patched: list[FileRun], comparison: Comp
         lines.append(f"| {before.file} | {counts[0]} | {counts[1]} | {before.seconds:.0f}, {after.seconds:.0f} |")
     totals = [f"{sum(r.count(s) for r in runs)}" for runs in (stock, patched) for s in (PASSED, FAILED, SKIPPED)]
     lines.append(f"| total | {'/'.join(totals[:3])} | {'/'.join(totals[3:])} | |")
-    for title, tests in (("regressions (passed on stock, fail patched)", comparison.regressions),
+    expected = [t for t in comparison.regressions if t in comparison.expected]
+    for title, tests in (("regressions (passed on stock, fail patched)", comparison.unexpected_regressions()),
+                         (f"expected changes (patches/{EXPECTED_CHANGES})", expected),
                          ("newly passing (failed on stock, pass patched)", comparison.newly_passing),
                          ("now skipped (passed on stock, skipped patched)", comparison.now_skipped)):
         lines.append(f"\n{title}: {len(tests)}")
-        lines += [f"  {t}" for t in tests]
+        lines += [f"  {t}" + (f"  ({comparison.expected[t]})" if t in comparison.expected else "") for t in tests]
     return "\n".join(lines)
 
 
@@ -158,7 +195,7 @@ def select_files(pytorch_src: Path, files: list[str] | None) -> tuple[Path, list
 
 
 def run_upstream_tests(pytorch_src: Path, names: list[str], stock: Path, patched: Path, out: Path,
-                       timeout: float) -> Comparison:
+                       timeout: float, expected: dict[str, str]) -> Comparison:
     test_dir = pytorch_src / "test"
     runs: dict[str, list[FileRun]] = {}
     for label, venv in (("stock", stock), ("patched", patched)):
@@ -170,6 +207,7 @@ def run_upstream_tests(pytorch_src: Path, names: list[str], stock: Path, patched
         runs[label] = [run_file(venv, test_dir, name, out / label / f"{Path(name).stem}.xml", timeout)
                        for name in names]
     comparison = compare(runs["stock"], runs["patched"])
+    comparison.expected = expected
     print("\n" + format_report(runs["stock"], runs["patched"], comparison) + "\n", flush=True)
     log(f"junit xml: {out}/stock, {out}/patched")
     return comparison

@@ -207,6 +207,26 @@ class UpstreamTestsTest(ProjectCopyTestCase):
         self.assertTrue(newly.startswith("1\n  dynamo.test_fixture_version::test_has_init_values_once\n"), out)
         self.assertTrue((self.tmp / "junit/patched/test_fixture_version.xml").is_file())
 
+    def test_reviewed_expected_change_does_not_fail(self):
+        if not (ROOT / ".venv/bin/python").exists():
+            self.skipTest("no .venv: run `dynapatch.py test`, which builds it first")
+        checkout = self.tmp / "pytorch"
+        for name, text in FIXTURE_TESTS.items():
+            (checkout / "test/dynamo").mkdir(parents=True, exist_ok=True)
+            (checkout / "test/dynamo" / name).write_text(text)
+        expected = self.project / "patches/upstream-expected-changes"
+        expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  0001  checks the stock version\n")
+        proc = self.dynapatch("upstream-tests", "--pytorch-src", str(checkout), "--files", *FIXTURE_TESTS,
+                              "--patched-venv", str(ROOT / ".venv"), "--junit-dir", str(self.tmp / "junit"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("regressions (passed on stock, fail patched): 0\n", proc.stdout)
+        self.assertIn("expected changes (patches/upstream-expected-changes): 1\n"
+                      "  dynamo.test_fixture_version::test_stock_version  (0001-", proc.stdout)
+
+    def test_expected_change_must_name_a_patch_of_the_series(self):
+        (self.project / "patches/upstream-expected-changes").write_text("dynamo.test_x::test_y  0099  gone\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "patch 0099 is not in patches/series")
+
     def test_missing_file_is_named(self):
         (self.tmp / "pytorch/test/dynamo").mkdir(parents=True)
         proc = self.dynapatch("upstream-tests", "--pytorch-src", str(self.tmp / "pytorch"),
