@@ -637,8 +637,8 @@ bool TensorContainerGuard::check_grad(
 }
 
 // The loop is bound by loads from objects scattered over the heap: the Python
-// object, its TensorImpl, the instance __dict__ (Dynamo leaves an empty one on
-// every input it traced) and, for tensors that require grad, the AutogradMeta.
+// object, its TensorImpl, the instance __dict__ if it has one (parameters do:
+// Dynamo marks them) and, for tensors that require grad, the AutogradMeta.
 // Prefetch them in three stages, each from pointers an earlier stage brought in.
 // elements[i] is the object to check against records_[i].
 void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t i)
