@@ -4,8 +4,10 @@
 Run with the patched wheel (python3 scripts/dynapatch.py build, then
 .venv/bin/python scripts/bench_guards.py). For every scenario and size the same
 function is compiled twice (backend "eager") in one process: once with
-torch._dynamo.config.tensor_container_guards = False, which builds exactly the
-stock guard tree, and once with it on. Each copy of the function has its own code
+torch._dynamo.config.tensor_container_guards = False and
+avoid_tensor_instance_dicts = False (patch 0013, which also speeds up stock guard
+trees), which builds exactly the stock guard tree on stock-shaped tensors, and
+once with both on. Each copy of the function has its own code
 object, so both cache entries stay live and are measured alternately, round by
 round, so that load on the machine hits both sides alike.
 
@@ -143,7 +145,7 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
     for accel in (False, True):
         tag = "accel" if accel else "stock"
         fn, code, args, f_locals = make_case(kind, n, tag)
-        with dynamo_config.patch(tensor_container_guards=accel):
+        with dynamo_config.patch(tensor_container_guards=accel, avoid_tensor_instance_dicts=accel):
             compiled = torch.compile(fn, backend="eager")
             build_before = build_guards_s()
             start = time.perf_counter()

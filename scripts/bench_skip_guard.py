@@ -74,6 +74,7 @@ DYNAPATCH_SWITCHES = (
     "module_hook_residuals",
     "tensor_container_guards",
     "tensor_container_nested_guards",
+    "avoid_tensor_instance_dicts",
 )
 
 
