@@ -3,10 +3,12 @@
 
 import io
 import logging
+import unittest
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
+from torch._dynamo import guard_accel
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 
@@ -59,13 +61,19 @@ def explain(fn):
     return torch._dynamo.explain_guards(fn, file=io.StringIO())
 
 
+# The summaries below show the wheel's native container guards (guard_accel).
+requires_native_guards = unittest.skipIf(
+    guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
+)
+
+
 class GuardExplainerTests(torch._dynamo.test_case.TestCase):
     def test_module_with_counter(self):
         model = torch.compile(Counter(), backend="eager")
         for _ in range(3):
             model(torch.randn(3, 4))
         self.assertExpectedInline(explain(model), """\
-Guards of forward (test_guard_explainer.py:19): 1 cache entry
+Guards of forward (test_guard_explainer.py:21): 1 cache entry
 cache entry 0:
   49 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2
     self.layer: 15 guards
@@ -88,6 +96,7 @@ cache entry 0:
     self.step: 1 guard  [module scalar traced as SymInt (no value guard)]
         type of 1 object""", skip=1)
 
+    @requires_native_guards
     def test_optimizer_with_init_values_once(self):
         params = [torch.nn.Parameter(torch.randn(8)) for _ in range(200)]
         for p in params:
@@ -97,7 +106,7 @@ cache entry 0:
         step()
         text = explain(step)
         self.assertExpectedInline(text, """\
-Guards of step (test_guard_explainer.py:38): 1 cache entry
+Guards of step (test_guard_explainer.py:40): 1 cache entry
 cache entry 0:
   23 guards on 6 objects: accelerated container 6, global state 4, type 4, contents 3, identity 3, tensor bookkeeping 2, value 1
     self.param_groups: 8 guards  [init_values_once[self.param_groups], accelerated container guard]
@@ -127,7 +136,7 @@ cache entry 0:
         fn = torch.compile(add_all, backend="eager")
         fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
         self.assertExpectedInline(explain(fn), """\
-Guards of add_all (test_guard_explainer.py:47): 1 cache entry
+Guards of add_all (test_guard_explainer.py:49): 1 cache entry
 cache entry 0:
   24 guards on 2 objects: tensor bookkeeping 16, global state 4, tensor 3, type 1
     d: 20 guards
@@ -137,12 +146,13 @@ cache entry 0:
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes""", skip=1)
 
+    @requires_native_guards
     def test_list_of_1000_tensors_is_one_group(self):
         fn = torch.compile(total, backend="eager")
         fn([torch.randn(2) for _ in range(1000)])
         text = explain(fn)
         self.assertExpectedInline(text, """\
-Guards of total (test_guard_explainer.py:51): 1 cache entry
+Guards of total (test_guard_explainer.py:53): 1 cache entry
 cache entry 0:
   10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
     <global state>: 4 guards
@@ -161,6 +171,7 @@ cache entry 0:
         self.assertIn("| TENSOR_MATCH: check_tensor(L['d']['bias'], Tensor", full)
         self.assertGreater(len(full.splitlines()), len(explain(fn).splitlines()))
 
+    @requires_native_guards
     def test_recompile_reason_names_object_field_and_values(self):
         fn = torch.compile(total, backend="eager")
         xs = [torch.randn(2) for _ in range(10)]
