@@ -188,15 +188,19 @@ def test_has_init_values_once():
 class UpstreamTestsTest(ProjectCopyTestCase):
     """upstream-tests on a pytorch-like directory with two tiny test files, against the built .venv."""
 
-    def test_reports_regression_and_newly_passing(self):
+    def run_fixture_checkout(self):
+        """upstream-tests on a checkout holding FIXTURE_TESTS, against the built .venv."""
         if not (ROOT / ".venv/bin/python").exists():
             self.skipTest("no .venv: run `dynapatch.py test`, which builds it first")
         checkout = self.tmp / "pytorch"
         for name, text in FIXTURE_TESTS.items():
             (checkout / "test/dynamo").mkdir(parents=True, exist_ok=True)
             (checkout / "test/dynamo" / name).write_text(text)
-        proc = self.dynapatch("upstream-tests", "--pytorch-src", str(checkout), "--files", *FIXTURE_TESTS,
+        return self.dynapatch("upstream-tests", "--pytorch-src", str(checkout), "--files", *FIXTURE_TESTS,
                               "--patched-venv", str(ROOT / ".venv"), "--junit-dir", str(self.tmp / "junit"))
+
+    def test_reports_regression_and_newly_passing(self):
+        proc = self.run_fixture_checkout()
         self.assertFailsWith(proc, 1, "1 upstream tests regress")
         out = proc.stdout
         self.assertIn("| test_fixture_stable.py | 1/0/1 | 1/0/1 |", out)
@@ -208,16 +212,9 @@ class UpstreamTestsTest(ProjectCopyTestCase):
         self.assertTrue((self.tmp / "junit/patched/test_fixture_version.xml").is_file())
 
     def test_reviewed_expected_change_does_not_fail(self):
-        if not (ROOT / ".venv/bin/python").exists():
-            self.skipTest("no .venv: run `dynapatch.py test`, which builds it first")
-        checkout = self.tmp / "pytorch"
-        for name, text in FIXTURE_TESTS.items():
-            (checkout / "test/dynamo").mkdir(parents=True, exist_ok=True)
-            (checkout / "test/dynamo" / name).write_text(text)
         expected = self.project / "patches/upstream-expected-changes"
         expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  0001  checks the stock version\n")
-        proc = self.dynapatch("upstream-tests", "--pytorch-src", str(checkout), "--files", *FIXTURE_TESTS,
-                              "--patched-venv", str(ROOT / ".venv"), "--junit-dir", str(self.tmp / "junit"))
+        proc = self.run_fixture_checkout()
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("regressions (passed on stock, fail patched): 0\n", proc.stdout)
         self.assertIn("expected changes (patches/upstream-expected-changes): 1\n"
