@@ -224,6 +224,95 @@ class NearInt64(torch.nn.Module):
         return x * self.up, x * (self.down // 2)
 
 
+class DivideByTemp(torch.nn.Module):
+    """temp is 0.0 in the third call, where Python raises ZeroDivisionError (the
+    float64 tensor gives inf or nan)."""
+
+    def __init__(self):
+        super().__init__()
+        self.temp = 3.0
+        self.other = 0.75
+        self.step = 3
+
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (2.0 / self.temp)
+
+
+class DivideComputed(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 / (self.temp * 0.5) + self.temp)
+
+
+class DivideFloats(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        self.other *= 0.5
+        return x * (self.other / self.temp)
+
+
+class DivideInCall(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * operator.truediv(1.0, self.temp)
+
+
+class DivideByCounter(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        self.step -= 1
+        return x * (self.temp / self.step)
+
+
+class DivideByZeroConstant(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (self.temp / 0.0)
+
+
+class DivideCaught(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        try:
+            y = 1.0 / self.temp
+        except ZeroDivisionError:
+            y = -1.0
+        return x * y
+
+
+class DivideTensor(DivideByTemp):
+    """Tensor division: inf at 0.0, in eager too."""
+
+    def forward(self, x):
+        self.temp -= 1.0
+        return x / self.temp, self.temp / x
+
+
+class ModuloTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 % self.temp)
+
+
+class FloorDivideTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 // self.temp)
+
+
+class DivmodTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * divmod(1.0, self.temp)[1]
+
+
+class FmodTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * math.fmod(1.0, self.temp)
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -513,6 +602,75 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         # Stock 2.13 writes back a stale temp here from the third call.
         cnt = self.run_float(DecayPow, CompileCounterWithBackend("inductor"), calls=4)
         self.assertEqual(cnt.frame_count, 4)
+
+    def run_raising(self, cls, backend, calls=4):
+        """Eager and compiled copies called alike: the same outputs or the same
+        exception, the same attributes after every call."""
+        eager, compiled = cls(), cls()
+        compiled_fn = torch.compile(compiled, backend=backend)
+        for _ in range(calls):
+            x = torch.randn(3)
+            outcomes = []
+            for fn in (eager, compiled_fn):
+                try:
+                    outcomes.append(fn(x))
+                except (ZeroDivisionError, ValueError) as e:
+                    outcomes.append(repr(e))
+            self.assertEqual(type(outcomes[1]), type(outcomes[0]), msg=(cls.__name__, outcomes))
+            self.assertEqual(outcomes[1], outcomes[0], atol=0, rtol=0, msg=cls.__name__)
+            state = [(m.temp, m.other, m.step) for m in (compiled, eager)]
+            self.assertEqual(state[0], state[1], atol=0, rtol=0, msg=cls.__name__)
+        return backend
+
+    def test_float_division_by_zero_raises_as_python(self):
+        # A nonzero divisor is guarded: `(self.temp - 1.0) != 0.0`. At zero, the
+        # recompile raises ZeroDivisionError as Python does (uncaught: the frame runs
+        # eagerly). Without the guard: inf or nan and no exception.
+        # (model, frames over 4 calls, a recompile reason)
+        cases = [
+            (DivideByTemp, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideComputed, 1, "((self.temp - 1.0) * 0.5) != 0.0"),
+            (DivideFloats, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideInCall, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideByCounter, 1, "((-1) + self.step) != 0"),
+            (DivideByZeroConstant, 0, None),  # raises in every call, as Python
+            # the handler is traced under `(self.temp - 1.0) == 0.0`
+            (DivideCaught, 2, "(self.temp - 1.0) != 0.0"),
+            # tensor division is inf in eager too: no guard
+            (DivideTensor, 1, None),
+            # not traced on the tensor form (the attribute is specialized, or the call
+            # graph-breaks): Python raises
+            (ModuloTemp, 2, "self.temp == 3.0"),
+            (FloorDivideTemp, 2, "self.temp == 3.0"),
+            # (a graph before the call, and the resume function's graphs: it takes the
+            # call's result as a float argument, specialized, then dynamic)
+            (DivmodTemp, 3, None),
+            (FmodTemp, 3, None),
+        ]
+        for backend in ("eager", "aot_eager"):
+            for cls, frames, reason in cases:
+                torch._dynamo.reset()
+                cnt = self.run_raising(cls, CompileCounterWithBackend(backend))
+                self.assertEqual(cnt.frame_count, frames, (cls.__name__, backend))
+                reasons = [r.split("#")[0].strip() for r in guard_failures[cls.forward.__code__]]
+                if reason is not None:
+                    self.assertIn(f"0/0: {reason}", reasons, cls.__name__)
+                if cls is DivideTensor:
+                    (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(cls.forward)
+                    self.assertNotIn("0.0", str(entry.guard_manager))
+
+    def test_float_division_by_zero_raises_as_python_inductor(self):
+        # Without the divisor guard: inf in the third call.
+        cnt = self.run_raising(DivideComputed, CompileCounterWithBackend("inductor"))
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_divisor_guard(self):
+        model = torch.compile(DivideComputed(), backend="eager")
+        model(torch.randn(3))
+        self.assertExpectedInline(step_guard_lines(DivideComputed.forward, "temp"), """\
+GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'), type=<class 'float'>, tag_safe=(False, False)
+TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>
+LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
 
     def test_read_only_float_keeps_stock_behaviour(self):
         eager, compiled = ScaleReadOnly(), ScaleReadOnly()
