@@ -75,7 +75,7 @@ class GuardExplainerTests(torch._dynamo.test_case.TestCase):
         self.assertExpectedInline(explain(model), """\
 Guards of forward (test_guard_explainer.py:21): 1 cache entry
 cache entry 0:
-  49 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2
+  50 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2, relation 1
     self.layer: 15 guards
         type of 2 objects
         contents (1 key/length check)
@@ -93,8 +93,9 @@ cache entry 0:
         5 dynamic-dim marker checks
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
-    self.step: 1 guard  [module scalar traced as SymInt (no value guard)]
-        type of 1 object""", skip=1)
+    self.step: 2 guards  [module scalar traced as SymInt (no value guard)]
+        type of 1 object
+        relation: -9223372036854775808 <= self.step <= 9223372036854775806""", skip=1)
 
     @requires_native_guards
     def test_optimizer_with_init_values_once(self):

@@ -10,7 +10,7 @@ import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, guard_failures
 
 
 class Counter(torch.nn.Module):
@@ -204,6 +204,115 @@ class DecayNan(Decay):
         return x * self.temp
 
 
+class TripleStep(Counter):
+    def forward(self, x):
+        self.step += 1
+        return x * (self.step * 3)
+
+
+class NearInt64(torch.nn.Module):
+    """Counters crossing the int64 bounds, which Python ints do not have."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = 2**63 - 3
+        self.down = -(2**63) + 2
+
+    def forward(self, x):
+        self.up += 1
+        self.down -= 1
+        return x * self.up, x * (self.down // 2)
+
+
+class DivideByTemp(torch.nn.Module):
+    """temp is 0.0 in the third call, where Python raises ZeroDivisionError (the
+    float64 tensor gives inf or nan)."""
+
+    def __init__(self):
+        super().__init__()
+        self.temp = 3.0
+        self.other = 0.75
+        self.step = 3
+
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (2.0 / self.temp)
+
+
+class DivideComputed(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 / (self.temp * 0.5) + self.temp)
+
+
+class DivideFloats(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        self.other *= 0.5
+        return x * (self.other / self.temp)
+
+
+class DivideInCall(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * operator.truediv(1.0, self.temp)
+
+
+class DivideByCounter(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        self.step -= 1
+        return x * (self.temp / self.step)
+
+
+class DivideByZeroConstant(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (self.temp / 0.0)
+
+
+class DivideCaught(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        try:
+            y = 1.0 / self.temp
+        except ZeroDivisionError:
+            y = -1.0
+        return x * y
+
+
+class DivideTensor(DivideByTemp):
+    """Tensor division: inf at 0.0, in eager too."""
+
+    def forward(self, x):
+        self.temp -= 1.0
+        return x / self.temp, self.temp / x
+
+
+class ModuloTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 % self.temp)
+
+
+class FloorDivideTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * (1.0 // self.temp)
+
+
+class DivmodTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * divmod(1.0, self.temp)[1]
+
+
+class FmodTemp(DivideByTemp):
+    def forward(self, x):
+        self.temp -= 1.0
+        return x * math.fmod(1.0, self.temp)
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -291,6 +400,73 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(compiled_fn(x, compiled_state), plain_fn(x, eager_state))
         self.assertEqual(compiled_state.step, eager_state.step)
         self.assertLessEqual(cnt.frame_count, 2)
+
+    def test_counter_beyond_int64_is_right_under_inductor(self):
+        # Without the int64 guards the kernel computes self.up + 1 in int64: the third
+        # call returns x * -2**63 (and x * (self.down // 2) wrapped around), the fourth
+        # fails ("expected int arg"). A counter whose next value leaves int64 is
+        # specialized, as without this patch (a recompile per value).
+        eager, compiled = NearInt64(), NearInt64()
+        cnt = CompileCounterWithBackend("inductor")
+        compiled_fn = torch.compile(compiled, backend=cnt)
+        for _ in range(4):
+            x = torch.randn(3, dtype=torch.float64)
+            self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0)
+            self.assertEqual((compiled.up, compiled.down), (eager.up, eager.down))
+        self.assertEqual(cnt.frame_count, 3)
+        reasons = [r.split("#")[0].strip() for r in guard_failures[NearInt64.forward.__code__]]
+        self.assertIn("0/0: -9223372036854775808 <= self.up <= 9223372036854775806", reasons)
+        self.assertIn(f"0/1: self.up == {2**63 - 1}", reasons)
+
+    def test_counter_int64_guards(self):
+        # Each int the graph computes from the counter (the input, step + 1,
+        # 3 * (step + 1)) is guarded to fit in int64; the counter is specialized from
+        # the call where one does not.
+        torch.compile(TripleStep(), backend="eager")(torch.randn(3, 4))
+        self.assertExpectedInline(step_guard_lines(TripleStep.forward), """\
+GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
+TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
+LAMBDA_GUARD: 3 + 3*L['self'].step >= -9223372036854775808
+LAMBDA_GUARD: 3 + 3*L['self'].step <= 9223372036854775807
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
+
+        torch._dynamo.reset()
+        eager, compiled = TripleStep(), TripleStep()
+        eager.step = compiled.step = (2**63 - 1) // 3 - 3
+        cnt = CompileCounter()
+        compiled_fn = torch.compile(compiled, backend=cnt)
+        for _ in range(5):
+            x = torch.randn(3, 4, dtype=torch.float64)
+            self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0)
+            self.assertEqual(compiled.step, eager.step)
+        # 3 calls in the first frame, then one frame per value
+        self.assertEqual(cnt.frame_count, 3)
+        reasons = [r.split("#")[0].strip() for r in guard_failures[TripleStep.forward.__code__]]
+        self.assertEqual(
+            reasons,
+            [
+                "0/0: 3 + 3*self.step <= 9223372036854775807",
+                f"0/1: self.step == {(2**63 - 1) // 3}",
+                "0/0: 3 + 3*self.step <= 9223372036854775807",
+            ],
+        )
+
+    def test_counter_outside_int64_is_specialized(self):
+        # No int64 graph input holds these values: specialized from the first call.
+        for start in (2**64, -(2**64)):
+            torch._dynamo.reset()
+            eager, compiled = Counter(), Counter()
+            compiled.load_state_dict(eager.state_dict())
+            eager.step = compiled.step = start
+            cnt = CompileCounter()
+            compiled_fn = torch.compile(compiled, backend=cnt)
+            for _ in range(3):
+                x = torch.randn(3, 4)
+                self.assertEqual(compiled_fn(x), eager(x))
+                self.assertEqual(compiled.step, eager.step)
+            self.assertEqual(cnt.frame_count, 3)
+            reasons = [r.split("#")[0].strip() for r in guard_failures[Counter.forward.__code__]]
+            self.assertEqual(reasons[0], f"0/0: self.step == {start}")
 
     def run_float(self, cls, backend, calls=10, **kwargs):
         """Eager and compiled copies of a float module on the same inputs: outputs and
@@ -427,6 +603,75 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         cnt = self.run_float(DecayPow, CompileCounterWithBackend("inductor"), calls=4)
         self.assertEqual(cnt.frame_count, 4)
 
+    def run_raising(self, cls, backend, calls=4):
+        """Eager and compiled copies called alike: the same outputs or the same
+        exception, the same attributes after every call."""
+        eager, compiled = cls(), cls()
+        compiled_fn = torch.compile(compiled, backend=backend)
+        for _ in range(calls):
+            x = torch.randn(3)
+            outcomes = []
+            for fn in (eager, compiled_fn):
+                try:
+                    outcomes.append(fn(x))
+                except (ZeroDivisionError, ValueError) as e:
+                    outcomes.append(repr(e))
+            self.assertEqual(type(outcomes[1]), type(outcomes[0]), msg=(cls.__name__, outcomes))
+            self.assertEqual(outcomes[1], outcomes[0], atol=0, rtol=0, msg=cls.__name__)
+            state = [(m.temp, m.other, m.step) for m in (compiled, eager)]
+            self.assertEqual(state[0], state[1], atol=0, rtol=0, msg=cls.__name__)
+        return backend
+
+    def test_float_division_by_zero_raises_as_python(self):
+        # A nonzero divisor is guarded: `(self.temp - 1.0) != 0.0`. At zero, the
+        # recompile raises ZeroDivisionError as Python does (uncaught: the frame runs
+        # eagerly). Without the guard: inf or nan and no exception.
+        # (model, frames over 4 calls, a recompile reason)
+        cases = [
+            (DivideByTemp, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideComputed, 1, "((self.temp - 1.0) * 0.5) != 0.0"),
+            (DivideFloats, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideInCall, 1, "(self.temp - 1.0) != 0.0"),
+            (DivideByCounter, 1, "((-1) + self.step) != 0"),
+            (DivideByZeroConstant, 0, None),  # raises in every call, as Python
+            # the handler is traced under `(self.temp - 1.0) == 0.0`
+            (DivideCaught, 2, "(self.temp - 1.0) != 0.0"),
+            # tensor division is inf in eager too: no guard
+            (DivideTensor, 1, None),
+            # not traced on the tensor form (the attribute is specialized, or the call
+            # graph-breaks): Python raises
+            (ModuloTemp, 2, "self.temp == 3.0"),
+            (FloorDivideTemp, 2, "self.temp == 3.0"),
+            # (a graph before the call, and the resume function's graphs: it takes the
+            # call's result as a float argument, specialized, then dynamic)
+            (DivmodTemp, 3, None),
+            (FmodTemp, 3, None),
+        ]
+        for backend in ("eager", "aot_eager"):
+            for cls, frames, reason in cases:
+                torch._dynamo.reset()
+                cnt = self.run_raising(cls, CompileCounterWithBackend(backend))
+                self.assertEqual(cnt.frame_count, frames, (cls.__name__, backend))
+                reasons = [r.split("#")[0].strip() for r in guard_failures[cls.forward.__code__]]
+                if reason is not None:
+                    self.assertIn(f"0/0: {reason}", reasons, cls.__name__)
+                if cls is DivideTensor:
+                    (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(cls.forward)
+                    self.assertNotIn("0.0", str(entry.guard_manager))
+
+    def test_float_division_by_zero_raises_as_python_inductor(self):
+        # Without the divisor guard: inf in the third call.
+        cnt = self.run_raising(DivideComputed, CompileCounterWithBackend("inductor"))
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_float_divisor_guard(self):
+        model = torch.compile(DivideComputed(), backend="eager")
+        model(torch.randn(3))
+        self.assertExpectedInline(step_guard_lines(DivideComputed.forward, "temp"), """\
+GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'), type=<class 'float'>, tag_safe=(False, False)
+TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>
+LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
+
     def test_read_only_float_keeps_stock_behaviour(self):
         eager, compiled = ScaleReadOnly(), ScaleReadOnly()
         cnt = CompileCounter()
@@ -474,7 +719,7 @@ def step_guard_lines(fn, name="step"):
             if f"L['self'].{name}" in line:
                 line = re.sub(r"^[| ]*\+- ", "", line)
                 line = re.sub(r"\s+#.*$", "", line)
-                lines.append(re.sub(r"\b\d{6,}\b", "<id>", line))
+                lines.append(re.sub(r"(___check_(?:type|obj)_id\(.*?, )\d+", r"\1<id>", line))
         entries.append("\n".join(lines))
     return "\n--\n".join(reversed(entries))
 
@@ -486,7 +731,8 @@ class ModuleScalarGuardTests(torch._dynamo.test_case.TestCase):
             model(torch.randn(3, 4))
         self.assertExpectedInline(step_guard_lines(Counter.forward), """\
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
-TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>""", skip=1)
+TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
 
     def test_parity_guards_on_the_relation_only(self):
         model = torch.compile(Parity(), backend="eager")
@@ -496,10 +742,12 @@ TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>""", skip=
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
 LAMBDA_GUARD: ((1 + L['self'].step) % 2) == 0
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806
 --
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
-LAMBDA_GUARD: ((1 + L['self'].step) % 2) != 0""", skip=1)
+LAMBDA_GUARD: ((1 + L['self'].step) % 2) != 0
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
 
     def test_decay_guards_have_no_value_equality_and_no_nan_lambda(self):
         model = torch.compile(Decay(), backend="aot_eager")

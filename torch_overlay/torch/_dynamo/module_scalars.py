@@ -15,9 +15,15 @@ value is returned by the graph and written back by residual bytecode, as for any
 attribute mutation. Guards are then only what the shape environment needs: branches
 on the value (``step % 2 == 0``) guard on that relation, never on the value itself.
 
+Python ints do not overflow, inductor's kernels compute in int64: a value outside
+int64 is specialized as without this patch, and every int the graph computes from
+the SymInt (``self.step * 3``, the graph input itself) gets a guard that it fits in
+int64 unless the shape environment knows it does (_Int64Check). One that does not
+fit on the frame's values restarts analysis with the attribute specialized for good.
+
 Attributes that are only read keep stock specialization. The marks are kept on the
 frame's PGO ``CodeState`` so they survive recompiles (and, with PGO, processes).
-Each attribute restarts a trace at most once: it is marked before the restart.
+Each attribute restarts a trace at most twice: it is marked before the restart.
 """
 
 from __future__ import annotations
@@ -25,14 +31,20 @@ from __future__ import annotations
 import logging
 from typing import Any, TYPE_CHECKING
 
+import torch
+from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
+
 from . import config
 from .exc import UnspecializeRestartAnalysis
 
 
 if TYPE_CHECKING:
+    import sympy
+
     from .source import Source
     from .symbolic_convert import InstructionTranslatorBase
     from .variables.base import VariableTracker
+    from .variables.builder import VariableBuilder
 
 
 log = logging.getLogger(__name__)
@@ -44,6 +56,8 @@ log = logging.getLogger(__name__)
 # float64 tensor inputs instead.
 SCALAR_TYPES = (int,)
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 def _code_state(tx: "InstructionTranslatorBase") -> Any:
     from .pgo import CodeId, get_code_state
@@ -52,11 +66,12 @@ def _code_state(tx: "InstructionTranslatorBase") -> Any:
     return get_code_state()[CodeId.make(root.f_code, root.closure)]
 
 
-def _marked_names(tx: "InstructionTranslatorBase") -> set[str]:
+def _marked_names(tx: "InstructionTranslatorBase", field: str = "mutated_module_scalars") -> set[str]:
     state = _code_state(tx)
-    marked = getattr(state, "mutated_module_scalars", None)
+    marked = getattr(state, field, None)
     if marked is None:  # a CodeState unpickled from a profile written before the field existed
-        marked = state.mutated_module_scalars = set()
+        marked = set()
+        setattr(state, field, marked)
     return marked
 
 
@@ -72,7 +87,62 @@ def is_mutated_module_scalar(tx: "InstructionTranslatorBase", source: "Source", 
         return False
     if config.specialize_int:
         return False
-    return source.name in _marked_names(tx)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        return False  # no int64 holds it: specialized
+    name = source.name
+    return name in _marked_names(tx) and name not in _marked_names(tx, "specialized_module_scalars")
+
+
+def wrap_mutated_module_scalar(builder: "VariableBuilder", value: int) -> "VariableTracker":
+    """The marked scalar at builder.source as a DYNAMIC SymInt graph input, each int
+    the graph computes from it checked by the graph's _Int64Check."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    from .variables.tensor import SymNodeVariable
+
+    output = builder.tx.output
+    new = builder.name not in output.unspec_variable_map
+    var = builder.wrap_symint(value, dynamism=DimDynamic.DYNAMIC)
+    if new and isinstance(var, SymNodeVariable) and isinstance(var.sym_num, torch.SymInt):
+        check = next((f for f in output.register_finalizer_fns if isinstance(f, _Int64Check)), None)
+        if check is None:
+            check = _Int64Check(_marked_names(builder.tx, "specialized_module_scalars"))
+            output.add_graph_finalizer(check)
+        check.symbols[var.sym_num.node.expr] = builder.source.name
+    return var
+
+
+class _Int64Check:
+    """A graph finalizer: every int the graph computes from the symbols of mutated
+    module scalars must fit in int64, as inductor computes it (``self.step * 3`` wraps
+    around in its kernel beyond 2**63 / 3, the Python int does not). Each gets a guard
+    that it fits unless the shape environment knows it does; if one does not fit on
+    this frame's values, analysis restarts with its scalars specialized."""
+
+    def __init__(self, specialized: set[str]) -> None:
+        self.symbols: dict["sympy.Symbol", str] = {}
+        self.specialized = specialized
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                for node in module.graph.nodes:
+                    value = node.meta.get("example_value")
+                    if isinstance(value, torch.SymInt):
+                        self._check(value)
+
+    def _check(self, value: torch.SymInt) -> None:
+        names = sorted({self.symbols[s] for s in value.node.expr.free_symbols if s in self.symbols})
+        if not names:
+            return
+        for fits in (value >= _INT64_MIN, value <= _INT64_MAX):
+            if statically_known_true(fits) or (value.node.has_hint() and guard_bool(fits)):
+                continue
+            self.specialized.update(names)
+            log.debug("%s computes %s beyond int64: restarting with them specialized", names, value)
+            raise UnspecializeRestartAnalysis(
+                f"the graph computes {value} from {', '.join(names)} beyond int64; specializing them"
+            )
 
 
 def _original_value(item: "VariableTracker", name: str) -> Any:

@@ -14,7 +14,8 @@ PGO CodeState and restarts analysis. On the restarted trace the attribute become
 graph input passed as a 0-d float64 tensor (the tensor wrap_symfloat builds before its
 item(), without a backed item() symbol), held by a ModuleFloatVariable. The shape
 environment never sees the value: no guard on it, no NaN guard, nothing for
-_tensorify_python_scalars to specialize; the only guard is TYPE_MATCH. The graph returns
+_tensorify_python_scalars to specialize; the only guard is TYPE_MATCH (and, where a
+number is divided by it, that the divisor is nonzero: see below). The graph returns
 the new value as a tensor and the residual stores ``out.item()`` on the module.
 
 A tensor is not a Python float, so ModuleFloatVariable lets through only the operations
@@ -24,7 +25,13 @@ whose tensor form gives the same result, dtype and bits as the float form:
   or float constant, a SymInt (a module counter), a SymFloat or another such variable:
   IEEE double arithmetic, exactly Python's.
   ``c / f`` divides a float64 tensor holding c (``operator.truediv(c, tensor)`` would run
-  Tensor.__rtruediv__, a reciprocal and a multiply).
+  Tensor.__rtruediv__, a reciprocal and a multiply). Where the tensor gives inf or nan
+  for a zero divisor, Python raises ZeroDivisionError: each such variable carries the
+  Python expression of its value over the attributes it reads (PythonFloat), so a
+  division by it is traced under a guard that the divisor is nonzero (``1.0 / (t * 0.9)``
+  guards ``(L['self'].t * 0.9) != 0.0``) and, when it is zero, under a guard that it is
+  zero, raising ZeroDivisionError as Python does. A SymInt or SymFloat divisor is
+  guarded by the shape environment, a constant one needs no guard.
 - ``+ - * /`` with a CPU tensor t: the float64 tensor is cast to the compute type of
   the result (float32 for float16/bfloat16) and an integer t to the default dtype, as
   the op does with a Python scalar, then the op is traced as eager computes it:
@@ -54,19 +61,22 @@ after a graph break, so the rest of the frame sees the same attribute as a tenso
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import operator
-from typing import Any, NoReturn, TYPE_CHECKING
+from typing import Any, NamedTuple, NoReturn, TYPE_CHECKING
 
 import torch
 
 from .. import config, graph_break_hints
-from ..exc import unimplemented, UnspecializeRestartAnalysis
+from ..exc import raise_observed_exception, unimplemented, UnspecializeRestartAnalysis
 from .base import VariableTracker
 
 
 if TYPE_CHECKING:
     from torch._dynamo.codegen import PyCodegen
+    from torch._dynamo.guards import GuardBuilder
     from torch._dynamo.source import Source
     from torch._dynamo.symbolic_convert import InstructionTranslatorBase
 
@@ -145,7 +155,8 @@ def wrap_mutated_float(builder: "VariableBuilder", value: float) -> VariableTrac
         tensor = builder.wrap_float_as_tensor_input(value, item_symbol=False)
         if tensor is None:
             return None
-    return ModuleFloatVariable(tensor, frozenset({builder.source.name}), source=builder.source)
+    expr = PythonFloat(builder.source.name, value, (builder.source,))
+    return ModuleFloatVariable(tensor, frozenset({builder.source.name}), expr, source=builder.source)
 
 
 def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
@@ -203,22 +214,107 @@ _ARITH = {
     operator.truediv: operator.truediv,
     operator.itruediv: operator.truediv,
 }
-_UNARY = {operator.neg, operator.pos, abs}
+_UNARY = {operator.neg: "(-{})", operator.pos: "(+{})", abs: "abs({})"}
+_BINARY = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
+
+# Longer expressions are not kept (`self.t = self.t * self.t` in a loop doubles its
+# length each time): a division by such a value is not traced.
+_MAX_EXPR_LEN = 1000
+
+
+class PythonFloat(NamedTuple):
+    """How Python computes a ModuleFloatVariable's value: `code`, an expression over the
+    source names of the attributes it reads (evaluated by guards as the shape
+    environment's guards are), its `value` on this frame's inputs, and those `sources`.
+    The float64 tensor computes the same value, bit for bit."""
+
+    code: str
+    value: float
+    sources: tuple["Source", ...]
+
+
+def _python_float(vt: VariableTracker) -> PythonFloat | None:
+    if isinstance(vt, ModuleFloatVariable):
+        return vt.expr
+    if vt.is_python_constant():
+        value = vt.as_python_constant()
+        # repr gives back the same float; inf and nan have no literal
+        code = repr(value) if math.isfinite(value) else f"float({str(value)!r})"
+        return PythonFloat(code, value, ())
+    return None  # a SymInt or SymFloat: not expressed (a division by the result is not traced)
+
+
+def _python_result(op: Any, operands: list[VariableTracker]) -> PythonFloat | None:
+    exprs = [_python_float(v) for v in operands]
+    if any(e is None for e in exprs):
+        return None
+    if op in _UNARY:
+        code = _UNARY[op].format(exprs[0].code)  # type: ignore[union-attr]
+    else:
+        code = f"({exprs[0].code} {_BINARY[op]} {exprs[1].code})"  # type: ignore[union-attr]
+    if len(code) > _MAX_EXPR_LEN:
+        return None
+    sources = tuple(dict.fromkeys(s for e in exprs for s in e.sources))  # type: ignore[union-attr]
+    return PythonFloat(code, op(*(e.value for e in exprs)), sources)  # type: ignore[union-attr]
+
+
+def _python_float_guard(code: str, builder: "GuardBuilder", guard: Any) -> None:
+    """A guard on a PythonFloat expression, at the root like the shape environment's
+    guards. A guard that raises fails (a division by zero inside `code`, whose own
+    divisor guard fails too)."""
+    from ..guards import get_verbose_code_parts
+
+    builder.add_python_lambda_leaf_guard_to_root([code], get_verbose_code_parts([code], guard))
+
+
+def _raise_on_zero_divisor(
+    tx: "InstructionTranslatorBase", divisor: VariableTracker, args: list[VariableTracker]
+) -> None:
+    """Python raises ZeroDivisionError for a float divided by zero, where the float64
+    tensor gives inf or nan: decide on the divisor's value, guard that the decision
+    holds, and raise as Python does when it is zero."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool
+
+    from ..guards import install_guard
+    from .tensor import SymNodeVariable
+
+    if isinstance(divisor, SymNodeVariable):
+        sym = divisor.sym_num
+        if isinstance(sym, (torch.SymInt, torch.SymFloat)) and not sym.node.has_hint():
+            _unsupported(tx, args, f"division by the unbacked {divisor}")
+        zero = guard_bool(sym == 0)
+    elif isinstance(divisor, ModuleFloatVariable):
+        expr = divisor.expr
+        if expr is None:
+            _unsupported(tx, args, f"division by {divisor}, a value computed from a SymInt or SymFloat")
+        zero = expr.value == 0
+        code = f"{expr.code} {'==' if zero else '!='} 0.0"
+        install_guard(expr.sources[0].make_guard(functools.partial(_python_float_guard, code)))
+    else:
+        zero = divisor.as_python_constant() == 0
+    if zero:
+        raise_observed_exception(ZeroDivisionError, tx, args=["float division by zero"])
 
 
 class ModuleFloatVariable(VariableTracker):
     """A Python float held by the graph as a 0-d float64 tensor (`tensor`, an
     UnspecializedPythonVariable that reconstructs as ``graph_out.item()``)."""
 
-    _nonvar_fields = {"origins", *VariableTracker._nonvar_fields}
+    _nonvar_fields = {"origins", "expr", *VariableTracker._nonvar_fields}
 
     def __init__(
-        self, tensor: "UnspecializedPythonVariable", origins: frozenset[str], **kwargs: Any
+        self,
+        tensor: "UnspecializedPythonVariable",
+        origins: frozenset[str],
+        expr: PythonFloat | None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.tensor = tensor
         # the marked attributes (source names) this value is computed from
         self.origins = origins
+        # how Python computes it, None if from a SymInt or SymFloat
+        self.expr = expr
 
     def __repr__(self) -> str:
         return f"ModuleFloatVariable({self.source.name if self.source else ''})"
@@ -377,18 +473,20 @@ def call_builtin(
         return args[0]
     if not kwargs and fn in _UNARY and len(args) == 1:
         (a,) = args
-        return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins)  # type: ignore[attr-defined]
+        return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))  # type: ignore[attr-defined]
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
         is_float = [isinstance(v, ModuleFloatVariable) for v in args]
         origins = frozenset().union(*(v.origins for v in args if isinstance(v, ModuleFloatVariable)))  # type: ignore[attr-defined]
         if all(f or _is_number(v) for f, v in zip(is_float, args)):
+            if op is operator.truediv:
+                _raise_on_zero_divisor(tx, args[1], args)
             operands = [v.tensor.as_proxy() if f else _number_proxy(v) for f, v in zip(is_float, args)]  # type: ignore[attr-defined]
             if not is_float[0] and op is operator.truediv:
                 # c / f: divide a float64 tensor holding c, as Python divides c by f
                 # (operator.truediv(c, tensor) would take a reciprocal, then multiply).
                 operands[0] = _proxy(tx, "call_function", torch.full_like, operands[1], operands[0])
-            return _float_result(tx, op, tuple(operands), origins)
+            return _float_result(tx, op, tuple(operands), origins, _python_result(op, args))
         if not all(is_float):
             t_index = is_float.index(False)
             float_first = t_index == 1
@@ -466,11 +564,15 @@ def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) 
 
 
 def _float_result(
-    tx: "InstructionTranslatorBase", op: Any, proxy_args: tuple[Any, ...], origins: frozenset[str]
+    tx: "InstructionTranslatorBase",
+    op: Any,
+    proxy_args: tuple[Any, ...],
+    origins: frozenset[str],
+    expr: PythonFloat | None,
 ) -> ModuleFloatVariable:
     from .builder import wrap_fx_proxy_cls
     from .tensor import UnspecializedPythonVariable
 
     proxy = tx.output.create_proxy("call_function", op, proxy_args, {})
     tensor = wrap_fx_proxy_cls(UnspecializedPythonVariable, tx, proxy, raw_value=None, need_unwrap=True)
-    return ModuleFloatVariable(tensor, origins)  # type: ignore[arg-type]
+    return ModuleFloatVariable(tensor, origins, expr)  # type: ignore[arg-type]
