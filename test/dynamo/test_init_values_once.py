@@ -2,13 +2,22 @@
 """torch._dynamo.init_values_once: run lazy initialisers for real, guard their inputs."""
 
 import collections
+import gc
 import logging
+import weakref
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters, guard_failures
+
+
+try:
+    from .test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
+except ImportError:
+    from test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
 
 
 # Calls of _init_group per optimizer instance (a global, so the function only
@@ -279,6 +288,85 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
                 step = torch.compile(compiled.step, backend=cnt)
                 self.step_optimizers(eager, eager_params, step, compiled_params, steps=4)
                 self.assertEqual((cnt.frame_count, sum(counters["graph_break"].values())), expected[name])
+
+
+def plain_sgd_refs(optimizer):
+    """Weak references to an optimizer and its parameters, grads and state tensors."""
+    params = optimizer.param_groups[0]["params"]
+    return {
+        "param": [weakref.ref(p) for p in params],
+        "grad": [weakref.ref(p.grad) for p in params],
+        "state": [weakref.ref(s["momentum_buffer"]) for s in optimizer.state.values()],
+        "optimizer": [weakref.ref(optimizer)],
+    }
+
+
+class InitValuesOnceMemoryTests(torch._dynamo.test_case.TestCase):
+    """A compiled step of an init_values_once optimizer keeps none of its tensors alive."""
+
+    def setUp(self):
+        super().setUp()
+        INIT_CALLS.clear()
+
+    def test_dropped_optimizer_frees_params_grads_and_state(self):
+        gc.collect()
+        before = live_tensors()
+        cnt = CompileCounter()
+        compiled_step = torch.compile(opt_step, backend=cnt)
+        with gc_disabled():
+            eager_params, params = make_params(), make_params()
+            eager, opt = PlainSGD(eager_params), PlainSGD(params)
+            for i in range(3):
+                set_grads(eager_params, i)
+                set_grads(params, i)
+                eager.step()
+                compiled_step(opt)
+                for pe, pc in zip(eager_params, params):
+                    self.assertEqual(pe, pc)
+            self.assertEqual(cnt.frame_count, 1)
+            self.assertEqual(INIT_CALLS[id(opt)], 1)
+            refs = plain_sgd_refs(opt)
+            self.assertEqual(len(refs["state"]), 4)
+            del eager_params, params, eager, opt, pe, pc
+            # Refcounting alone frees them: the graph takes them as inputs.
+            self.assertEqual(alive(refs), "")
+            self.assertEqual(live_tensors(), before)
+        gc.collect()
+        self.assertEqual(live_tensors(), before)
+
+    def test_recreated_optimizers_do_not_grow_memory(self):
+        # 1,000 optimizers over new parameters, each stepped twice by one compiled
+        # function; gc stays off between the checks, so nothing may wait for it.
+        iterations, check_every = 1000, 100
+        gc.collect()
+        before = live_tensors()
+        cnt = RecordingCounter()
+        compiled_step = torch.compile(opt_step, backend=cnt)
+        counts, leaks = [], []
+        with gc_disabled():
+            for i in range(iterations):
+                params = make_params(seed=i)
+                opt = PlainSGD(params)
+                for step in range(2):
+                    set_grads(params, step)
+                    compiled_step(opt)
+                # The second step ran compiled code, which does not call
+                # _init_group: only the first (traced or eager) did.
+                self.assertEqual(INIT_CALLS.pop(id(opt)), 1, f"optimizer {i}")
+                refs = plain_sgd_refs(opt)
+                del params, opt
+                if leak := alive(refs):
+                    leaks.append(f"optimizer {i}: {leak}")
+                if i % check_every == check_every - 1:
+                    counts.append(live_tensors())
+                    gc.collect()
+        self.assertEqual(leaks, [])
+        self.assertEqual(counts, [before] * (iterations // check_every))
+        gc.collect()
+        self.assertEqual(live_tensors(), before)
+        # Every graph still alive belongs to a cache entry.
+        cache_entries = len(_debug_get_cache_entry_list(opt_step.__code__))
+        self.assertEqual(sum(g() is not None for g in cnt.graphs), cache_entries)
 
 
 if __name__ == "__main__":

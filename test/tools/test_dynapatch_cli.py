@@ -67,7 +67,7 @@ class SeriesValidationTest(ProjectCopyTestCase):
         self.patch.write_text(text.replace(" # which will directly inline\n", " # which will inline\n", 1))
         self.stale_wheel()
         proc = self.dynapatch("build", "--no-venv")
-        self.assertFailsWith(proc, 2, self.patch.name, "torch/_dynamo/variables/optimizer.py", "@@ -150,7 +150,7 @@")
+        self.assertFailsWith(proc, 2, self.patch.name, "torch/_dynamo/variables/optimizer.py", "@@ -150,7 +152,7 @@")
         self.assertNoWheel()
 
     def test_truncated_patch_is_reported_corrupt(self):

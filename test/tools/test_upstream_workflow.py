@@ -110,7 +110,7 @@ class RebaseCheckTest(ProjectCopyTestCase):
             return text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertFailsWith(proc, 2, self.patch.name)
-        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +150,7 @@ (context only)", proc.stdout)
+        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +152,7 @@ (context only)", proc.stdout)
         self.assertRegex(proc.stdout, r"\| 0004-\S+ \| blocked \| not checked: earlier patch 0001-")
 
     def test_offsets_are_reported_and_accepted(self):
@@ -118,7 +118,7 @@ class RebaseCheckTest(ProjectCopyTestCase):
             return "# moved\n# down\n" + text if rel == "torch/_dynamo/variables/optimizer.py" else text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn(f"| {self.patch.name} | offsets | torch/_dynamo/variables/optimizer.py @@ -150,7 +150,7 @@: "
+        self.assertIn(f"| {self.patch.name} | offsets | torch/_dynamo/variables/optimizer.py @@ -89,7 +89,7 @@: "
                       f"offset 2 lines", proc.stdout)
 
     def test_overlay_collision(self):
