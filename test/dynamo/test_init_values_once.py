@@ -281,6 +281,34 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual((cnt.frame_count, sum(counters["graph_break"].values())), expected[name])
 
 
+class GroupedSGD(PlainSGD):
+    """PlainSGD with a decay / no-decay split: two param groups sharing one state dict."""
+
+    def __init__(self, params):
+        super().__init__(params)
+        params = self.param_groups[0]["params"]
+        self.param_groups = [
+            {"params": params[:1], "lr": 0.1, "momentum": 0.9},
+            {"params": params[1:], "lr": 0.05, "momentum": 0.5},
+        ]
+
+
+class CountingGroupedSGD(GroupedSGD):
+    """Reads how many parameters have state after each group's _init_group."""
+
+    def step(self):
+        seen = []
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                seen.append(len(self.state))
+                for p, g, b in zip(params, grads, bufs):
+                    b.mul_(group["momentum"]).add_(g)
+                    p.add_(b, alpha=-group["lr"])
+        return seen
+
+
 class Holder:
     def __init__(self):
         self.cache = {"w": torch.ones(2)}
@@ -318,6 +346,29 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
             self.assert_states_equal(eager, compiled)
             results.append(expected)
         return results
+
+    def test_second_group_appends_to_state_the_first_guarded(self):
+        # The second _init_group call adds entries to the state dict the first call's
+        # guards were built from: no fallback to tracing, one call per group.
+        eager, compiled = GroupedSGD(make_params()), GroupedSGD(make_params())
+        cnt = CompileCounter()
+        self.step_both(eager, compiled, torch.compile(compiled.step, backend=cnt), steps=6)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(dict(counters["graph_break"]), {})
+        self.assertEqual(INIT_CALLS[id(compiled)], 2)  # at trace time only
+
+    def test_frame_that_read_the_state_before_it_grew_traces_the_call(self):
+        # len(self.state) after the first group: a VariableTracker the second call
+        # would change under the frame's feet. The compiled code must not reuse the
+        # length the trace saw once the state is complete.
+        eager, compiled = CountingGroupedSGD(make_params()), CountingGroupedSGD(make_params())
+        cnt = CompileCounter()
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            results = self.step_both(eager, compiled, torch.compile(compiled.step, backend=cnt), steps=4)
+        self.assertEqual(results[0], [1, 4])
+        self.assertEqual(results[-1], [4, 4])
+        self.assertIn("whose keys, length or membership the frame already read", "\n".join(logs.output))
+        self.assertEqual(cnt.frame_count, 2)
 
     def test_pending_mutation_through_another_name(self):
         def fn(x, holder):
@@ -456,6 +507,35 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cache_c, cache_e)
         self.assertEqual(cache_c["calls"], 3)
         self.assertEqual(cnt.frame_count, 3)  # "calls" is a guarded constant
+
+    def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def only(cache, key, out):
+            # Keeps one entry: the second call drops the first call's tensor, which
+            # the frame already uses through the source cache['a'].
+            if key not in cache:
+                cache.clear()
+                cache[key] = torch.full((2,), float(len(key)))
+            out.append(cache[key])
+
+        def fn(x, cache):
+            a, b = [], []
+            only(cache, "a", a)
+            y = x + a[0]
+            only(cache, "bb", b)
+            return y * b[0]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c = {}, {}
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(3):
+                x = torch.randn(2)
+                cache_e.clear()
+                cache_c.clear()
+                self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
+                self.assertEqual(cache_c, cache_e)
+        self.assertIn("a dict whose items it replaced or removed", "\n".join(logs.output))
 
     def test_dict_made_in_the_frame_changed_by_the_call_is_traced(self):
         @torch._dynamo.init_values_once(guards=["cache"])

@@ -116,7 +116,9 @@ def init_values_once(guards: Sequence[str]) -> Callable[[_F], _F]:
     dict from outside the frame that no spec names; an object reachable from a guarded
     input was already mutated in the frame (under any name); the function returned a
     tensor that is not reachable from its guarded inputs; or it changed a container the
-    frame had already read.
+    frame had already read in a way the frame's view of it cannot follow (it replaced or
+    removed items, or the frame read the container's keys or length). A call that only
+    adds entries to state an earlier call (another param group) filled is run for real.
     Disable with ``torch._dynamo.config.init_values_once = False``.
     """
     if isinstance(guards, str):

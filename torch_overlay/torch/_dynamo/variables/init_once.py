@@ -9,8 +9,8 @@ inputs guarded like any other. See ``torch/_dynamo/init_once.py`` for the contra
 Whenever the call cannot be made exactly equivalent to tracing, it is traced normally
 (inlined) and the reason is logged: an argument with no real value at trace time or
 that cannot be guarded, an input with pending mutations in the frame, a guarded input
-without a source, a result that is not reachable from the guarded inputs, or a
-container the frame already holds a view of that the call changed.
+without a source, a result that is not reachable from the guarded inputs, or a change
+to a container the frame has already read that the frame's view cannot follow.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any, TYPE_CHECKING
 
@@ -106,6 +107,13 @@ def _restore(container: Any, snapshot: list[Any]) -> None:
         container[:] = snapshot
 
 
+def _appended_only(container: Any, snapshot: list[Any]) -> bool:
+    """Whether `container` still starts with `snapshot`, item for item: what was there
+    (and any source handed out for it, by key or by position) is unchanged."""
+    before = _identities(container, snapshot)
+    return _identities(container, _snapshot(container))[: len(before)] == before
+
+
 def _pytree_sources(value: Any, source: Source, found: dict[int, tuple[Any, Source]]) -> None:
     """Every object of `value`'s pytree (dicts, lists, tuples, their keys and leaves)
     with the source VariableBuilder gives it; the first source found wins."""
@@ -127,6 +135,177 @@ def _pytree_sources(value: Any, source: Source, found: dict[int, tuple[Any, Sour
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             _pytree_sources(item, GetItemSource(source, index), found)
+
+
+# Guards on a container itself that hold whatever items it has. Any other guard on it
+# (keys, length, contains, equality, version) means the frame read which items it has.
+_ITEM_INDEPENDENT_GUARDS = frozenset({"TYPE_MATCH", "ID_MATCH", "CLASS_MATCH"})
+
+
+def _frame_read_items(tx: "InstructionTranslatorBase", vt: VariableTracker) -> bool:
+    """Whether the frame has read which items the container behind `vt` holds (its keys,
+    length, membership): Dynamo guards every such read, on the container's source."""
+    guards = tx.output.guards.source_to_guards.get(vt.source, ())
+    return any(guard.create_fn_name() not in _ITEM_INDEPENDENT_GUARDS for guard in guards)
+
+
+def _add_appended_items(
+    tx: "InstructionTranslatorBase", vt: VariableTracker, container: dict[Any, Any], snapshot: list[Any]
+) -> None:
+    """Extend the frame's VariableTracker of `container` (built when it held `snapshot`)
+    with the items the call appended, lazily and with the sources VariableBuilder gives
+    them, as if it had been built now."""
+    from .constant import ConstantVariable
+    from .hashable import HashableTracker
+    from .lazy import LazyVariableTracker
+    from .user_defined import UserDefinedDictVariable
+
+    dict_vt = vt._base_vt if isinstance(vt, UserDefinedDictVariable) else vt
+    source = vt.source
+    for index, (key, value) in enumerate(container.items()):
+        if index < len(snapshot):
+            continue
+        if ConstantVariable.is_literal(key):
+            key_vt = ConstantVariable.create(key)
+            item_key: Any = key
+        else:
+            # Keys without a constant value are found by position, as VariableBuilder does.
+            tx.output.guard_on_key_order.add(source)
+            item_key = ConstDictKeySource(source, index)
+            key_vt = LazyVariableTracker.create(key, item_key, tx=tx)
+        value_vt = LazyVariableTracker.create(value, DictGetItemSource(source, item_key), tx=tx)
+        dict_vt.items[HashableTracker(key_vt)] = value_vt
+        # Present in the real dict already: nothing for the frame to write back.
+        dict_vt.original_items[key_vt] = value_vt
+
+
+class _FrameView:
+    """The containers reachable from the guarded inputs that the frame already has a
+    view of: a VariableTracker it built (and maybe guarded or specialised on), or
+    sources an earlier init_values_once call of this frame handed to the graph."""
+
+    def __init__(self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> None:
+        side_effects = tx.output.side_effects
+        handed_out = _handed_out(tx)
+        seen: set[int] = set()
+        self.entries = [
+            (c, _snapshot(c), side_effects.id_to_variable.get(id(c)), handed_out.get(id(c), (None,))[0] is c)
+            for _, value, _ in roots
+            for c in _containers(value, seen)
+            if c in side_effects or handed_out.get(id(c), (None,))[0] is c
+        ]
+
+    def restore(self) -> None:
+        """Undo the call's changes to these containers."""
+        for container, snapshot, _, _ in self.entries:
+            if _changed(container, snapshot):
+                _restore(container, snapshot)
+
+    def reconcile(self, tx: "InstructionTranslatorBase") -> None:
+        """After the call: bring the frame's views of what it changed up to date, or
+        undo the changes and refuse when a view cannot follow them soundly."""
+        changed = [entry for entry in self.entries if _changed(entry[0], entry[1])]
+        reasons = [reason for entry in changed if (reason := self._cannot_follow(tx, *entry))]
+        if reasons:
+            # The frame's views (and any guards or specialisation on them) describe the
+            # pre-call state. Put the containers back and trace the function instead; by
+            # the contract, what else it did is idempotent initialisation.
+            self.restore()
+            raise InlineInstead(
+                f"it changed {len(changed)} container(s) the frame had already read (first: {reasons[0]})"
+            )
+        for container, snapshot, vt, _ in changed:
+            if vt is not None:
+                _add_appended_items(tx, vt, container, snapshot)
+
+    @staticmethod
+    def _cannot_follow(
+        tx: "InstructionTranslatorBase", container: Any, snapshot: list[Any], vt: VariableTracker | None, handed_out: bool
+    ) -> str | None:
+        kind = type(container).__name__
+        if (vt is not None or handed_out) and not _appended_only(container, snapshot):
+            return f"a {kind} whose items it replaced or removed"
+        if vt is None:
+            return None  # sources handed out earlier still name the same objects
+        # Guards are built from the real objects once the frame is traced, so any the
+        # frame installed on this container check its post-call state; what the frame
+        # computed from its pre-call items would be reused for the post-call state.
+        if not isinstance(container, dict):
+            return f"a {kind} the frame holds (its length is guarded)"
+        from .dicts import ConstDictVariable
+        from .user_defined import UserDefinedDictVariable
+
+        if not isinstance(vt, (ConstDictVariable, UserDefinedDictVariable)):
+            return f"a {kind} the frame holds as a {type(vt).__name__}"
+        if vt.source is None or tx.output.side_effects.is_modified(vt) or _frame_read_items(tx, vt):
+            return f"a {kind} whose keys, length or membership the frame already read"
+        return None
+
+
+# Per OutputGraph (by id, dropped with it): the containers reachable from the guarded
+# inputs of the init_values_once calls it made, with their post-call items.
+_HANDED_OUT: dict[int, dict[int, tuple[Any, list[Any]]]] = {}
+
+
+def _handed_out(tx: "InstructionTranslatorBase") -> dict[int, tuple[Any, list[Any]]]:
+    key = id(tx.output)
+    if key not in _HANDED_OUT:
+        _HANDED_OUT[key] = {}
+        # Gone once the graph is compiled, or with the OutputGraph if it never is.
+        tx.output.add_cleanup_hook(lambda: _HANDED_OUT.pop(key, None))
+        weakref.finalize(tx.output, _HANDED_OUT.pop, key, None)
+    return _HANDED_OUT[key]
+
+
+@contextlib.contextmanager
+def _guards_only(tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> Iterator[None]:
+    """The VariableTrackers built inside for containers the frame had no view of serve
+    the guards only: forget them afterwards (tensors stay: they are graph inputs), so a
+    later read of such a container builds a view of its state then, and a later call
+    that appends to it does not meet a stale view."""
+    from .lazy import LazyVariableTracker
+
+    side_effects = tx.output.side_effects
+    cache = tx.output.variable_tracker_cache
+    before = set(side_effects.id_to_variable)
+    lazy_before = [vt for vt in cache.values() if isinstance(vt, LazyVariableTracker) and not vt.is_realized()]
+    yield
+    seen: set[int] = set()
+    containers = {id(c): c for _, value, _ in roots for c in _containers(value, seen)}
+    # A new container VariableTracker stays if the frame can reach it: it realizes a
+    # LazyVariableTracker the frame already had (VariableTracker.build hands out the
+    # cached one for a source), or one the frame had holds it (realize_all filled that
+    # one's lazy items with it).
+    realized = {id(vt.unwrap()) for vt in lazy_before if vt.is_realized()}
+    pending = [
+        c
+        for key, c in containers.items()
+        if key in before or id(side_effects.id_to_variable.get(key)) in realized
+    ]
+    reachable = {id(c) for c in pending}
+    while pending:
+        container = pending.pop()
+        for item in container.values() if isinstance(container, dict) else container:
+            if isinstance(item, (dict, list)) and id(item) not in reachable:
+                reachable.add(id(item))
+                pending.append(item)
+    drop = {
+        key: side_effects.id_to_variable[key]
+        for key in containers
+        if key not in before and key not in reachable and key in side_effects.id_to_variable
+    }
+    if not drop:
+        return
+    dropped = {id(vt) for vt in drop.values()}
+    for key in drop:
+        del side_effects.id_to_variable[key]
+    for source, vt in list(cache.items()):
+        if isinstance(vt, LazyVariableTracker):
+            if not vt.is_realized():
+                continue
+            vt = vt.unwrap()
+        if id(vt) in dropped:
+            del cache[source]
 
 
 class InitValuesOnceVariable(VariableTracker):
@@ -200,38 +379,23 @@ class InitValuesOnceVariable(VariableTracker):
         roots = self._guarded_roots(tx, bound.arguments, real)
         self._check_no_pending_mutations(tx, roots)
         self._guard_arguments(tx, bound.arguments)
-        # Containers the frame already holds VariableTrackers (and maybe guards) for.
-        already_seen = {
-            id(c): (c, _snapshot(c))
-            for _, value, _ in roots
-            for c in _containers(value, set())
-            if c in tx.output.side_effects
-        }
+        view = _FrameView(tx, roots)
 
         call = self.entry.signature.bind_partial()
         call.arguments.update(real)
         try:
             result = self.entry.fn(*call.args, **call.kwargs)
         except Exception as e:
+            view.restore()
             raise InlineInstead(f"it raised {type(e).__name__}: {e}") from None
-
-        changed = [(c, snap) for c, snap in already_seen.values() if _changed(c, snap)]
-        if changed:
-            # Those VariableTrackers (and any guards on them) describe the pre-call
-            # state. Put the containers back and trace the function instead; by the
-            # contract, what else it did is idempotent initialisation.
-            for container, snapshot in changed:
-                _restore(container, snapshot)
-            raise InlineInstead(
-                f"it changed {len(changed)} container(s) the frame had already read "
-                f"(first: a {type(changed[0][0]).__name__})"
-            )
+        view.reconcile(tx)
         for _, before, after in filled_lists:
             if isinstance(after, dict) and _changed(after, before):
                 raise InlineInstead("it changed a dict made in the frame, which it is passed a copy of")
         filled_lists = [entry for entry in filled_lists if isinstance(entry[2], list)]
 
-        tensor_sources = self._install_guards(tx, roots)
+        with _guards_only(tx, roots):
+            tensor_sources = self._install_guards(tx, roots)
         # What the call returned or put into the frame's lists, by identity: the
         # arguments' own VariableTrackers, then anything reachable from a guarded input
         # (with its source, so the frame's later mutations reach the real object).
@@ -260,6 +424,11 @@ class InitValuesOnceVariable(VariableTracker):
         for list_vt, items in filled:
             tx.output.side_effects.mutation(list_vt)
             list_vt.items[:] = items
+        handed_out = _handed_out(tx)
+        seen: set[int] = set()
+        for _, value, _ in roots:
+            for container in _containers(value, seen):
+                handed_out[id(container)] = (container, _snapshot(container))
         self._after_call(tx)
         return result_vt
 
