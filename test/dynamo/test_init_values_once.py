@@ -369,6 +369,282 @@ class InitValuesOnceMemoryTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(sum(g() is not None for g in cnt.graphs), cache_entries)
 
 
+class GroupedSGD(PlainSGD):
+    """PlainSGD with a decay / no-decay split: two param groups sharing one state dict."""
+
+    def __init__(self, params):
+        super().__init__(params)
+        params = self.param_groups[0]["params"]
+        self.param_groups = [
+            {"params": params[:1], "lr": 0.1, "momentum": 0.9},
+            {"params": params[1:], "lr": 0.05, "momentum": 0.5},
+        ]
+
+
+class CountingGroupedSGD(GroupedSGD):
+    """Reads how many parameters have state after each group's _init_group."""
+
+    def step(self):
+        seen = []
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                seen.append(len(self.state))
+                for p, g, b in zip(params, grads, bufs):
+                    b.mul_(group["momentum"]).add_(g)
+                    p.add_(b, alpha=-group["lr"])
+        return seen
+
+
+class Holder:
+    def __init__(self):
+        self.cache = {"w": torch.ones(2)}
+
+    @torch._dynamo.init_values_once(guards=["self.cache"])
+    def read(self, out):
+        out.append(self.cache["w"])
+
+
+HOLDER = Holder()
+CACHE_ALIAS = HOLDER.cache  # the same dict as HOLDER.cache, under a global name
+
+
+class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
+    """What the real call sees, and what the frame sees of what it did."""
+
+    def setUp(self):
+        super().setUp()
+        INIT_CALLS.clear()
+
+    def assert_states_equal(self, eager, compiled):
+        self.assertEqual(len(eager.state), len(compiled.state))
+        for group_e, group_c in zip(eager.param_groups, compiled.param_groups):
+            for pe, pc in zip(group_e["params"], group_c["params"]):
+                self.assertEqual(pe, pc)
+                self.assertEqual(eager.state[pe], compiled.state[pc])
+
+    def step_both(self, eager, compiled, step, steps):
+        results = []
+        for i in range(steps):
+            for opt in (eager, compiled):
+                set_grads([p for g in opt.param_groups for p in g["params"]], i)
+            expected = eager.step()
+            self.assertEqual(step(), expected)
+            self.assert_states_equal(eager, compiled)
+            results.append(expected)
+        return results
+
+    def test_second_group_appends_to_state_the_first_guarded(self):
+        # The second _init_group call adds entries to the state dict the first call's
+        # guards were built from: no fallback to tracing, one call per group.
+        eager, compiled = GroupedSGD(make_params()), GroupedSGD(make_params())
+        cnt = CompileCounter()
+        self.step_both(eager, compiled, torch.compile(compiled.step, backend=cnt), steps=6)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(dict(counters["graph_break"]), {})
+        self.assertEqual(INIT_CALLS[id(compiled)], 2)  # at trace time only
+
+    def test_frame_that_read_the_state_before_it_grew_traces_the_call(self):
+        # len(self.state) after the first group: a VariableTracker the second call
+        # would change under the frame's feet. The compiled code must not reuse the
+        # length the trace saw once the state is complete.
+        eager, compiled = CountingGroupedSGD(make_params()), CountingGroupedSGD(make_params())
+        cnt = CompileCounter()
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            results = self.step_both(eager, compiled, torch.compile(compiled.step, backend=cnt), steps=4)
+        self.assertEqual(results[0], [1, 4])
+        self.assertEqual(results[-1], [4, 4])
+        self.assertIn("whose keys, length or membership the frame already read", "\n".join(logs.output))
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_pending_mutation_through_another_name(self):
+        def fn(x, holder):
+            CACHE_ALIAS["w"] = CACHE_ALIAS["w"] * 5  # the frame mutates holder.cache
+            out = []
+            holder.read(out)
+            return x + out[0]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for i in range(3):
+                x = torch.randn(2)
+                HOLDER.cache["w"] = torch.ones(2)
+                expected = fn(x, HOLDER)
+                expected_w = HOLDER.cache["w"]
+                HOLDER.cache["w"] = torch.ones(2)
+                self.assertEqual(compiled(x, HOLDER), expected)
+                self.assertEqual(HOLDER.cache["w"], expected_w)
+        self.assertIn(
+            "L['holder'].cache has pending mutations in the frame (as G['CACHE_ALIAS']", "\n".join(logs.output)
+        )
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_pending_reassignment_on_a_spec_path(self):
+        class Box:
+            def __init__(self):
+                self.cache = {}
+
+        class Model:
+            def __init__(self):
+                self.box = Box()
+
+            @torch._dynamo.init_values_once(guards=["self.box.cache"])
+            def weight(self, out):
+                out.append(self.box.cache.setdefault("w", torch.ones(2)))
+
+        def fn(x, model):
+            model.box.cache = {}  # the real call would fill the old dict
+            out = []
+            model.weight(out)
+            return x + out[0], len(model.box.cache)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        eager_model, compiled_model = Model(), Model()
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(3):
+                x = torch.randn(2)
+                self.assertEqual(compiled(x, compiled_model), fn(x, eager_model))
+                self.assertEqual(compiled_model.box.cache, eager_model.box.cache)
+        self.assertIn("L['model'].box.cache has pending mutations in the frame", "\n".join(logs.output))
+
+    def test_result_not_reachable_from_guarded_inputs_is_traced(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def scale(cache):
+            cache.setdefault("n", 3)
+            return torch.ones(2) * cache["n"]  # a new tensor on every call
+
+        def fn(x, cache):
+            s = scale(cache)
+            s.add_(1)
+            return x * s
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c = {}, {}
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(3):
+                x = torch.randn(2)
+                self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
+                self.assertEqual(cache_c, cache_e)
+        self.assertIn("it returned a tensor (2,) that is not reachable from its guarded inputs", "\n".join(logs.output))
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_argument_from_the_caller_is_guarded(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def filled(cache, n):
+            if n not in cache:
+                cache[n] = torch.full((2,), float(n))
+            return cache[n]
+
+        def fn(x, cache, n):
+            return x + filled(cache, n)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c = {}, {}
+        for n in (1, 2, 2, 3):
+            x = torch.randn(2)
+            self.assertEqual(compiled(x, cache_c, n), fn(x, cache_e, n))
+            self.assertEqual(cache_c, cache_e)
+        self.assertEqual(cnt.frame_count, 3)
+        # Each miss is the guard on the argument: n == 1 for n=2, then n == 1 and
+        # n == 2 for n=3 (the cache's guards pass on the caller's dict).
+        reasons = [r.splitlines()[0].split(":", 1)[1].split("#")[0].strip() for r in guard_failures[fn.__code__]]
+        self.assertEqual(reasons, ["n == 1", "n == 2", "n == 1"])
+
+    def test_container_from_the_caller_that_no_spec_names_is_traced(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def fill(cache, extra):
+            cache.setdefault("a", torch.ones(2))
+            extra.append(cache["a"])
+
+        def fn(x, cache, extra):
+            fill(cache, extra)
+            return x + extra[-1]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c, extra_e, extra_c = {}, {}, [], []
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(3):
+                x = torch.randn(2)
+                self.assertEqual(compiled(x, cache_c, extra_c), fn(x, cache_e, extra_e))
+                self.assertEqual(len(extra_c), len(extra_e))
+        self.assertIn("argument 'extra' is a list from outside the frame that no guard spec names", "\n".join(logs.output))
+
+    def test_returned_guarded_input_keeps_its_source(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def get(cache):
+            cache.setdefault("scale", 2.0)
+            return cache
+
+        def fn(x, cache):
+            d = get(cache)
+            d["calls"] = d.get("calls", 0) + 1  # must reach the caller's dict
+            return x * d["scale"]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c = {}, {}
+        for _ in range(3):
+            x = torch.randn(2)
+            self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
+            self.assertEqual(cache_c, cache_e)
+        self.assertEqual(cache_c["calls"], 3)
+        self.assertEqual(cnt.frame_count, 3)  # "calls" is a guarded constant
+
+    def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def only(cache, key, out):
+            # Keeps one entry: the second call drops the first call's tensor, which
+            # the frame already uses through the source cache['a'].
+            if key not in cache:
+                cache.clear()
+                cache[key] = torch.full((2,), float(len(key)))
+            out.append(cache[key])
+
+        def fn(x, cache):
+            a, b = [], []
+            only(cache, "a", a)
+            y = x + a[0]
+            only(cache, "bb", b)
+            return y * b[0]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        cache_e, cache_c = {}, {}
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(3):
+                x = torch.randn(2)
+                cache_e.clear()
+                cache_c.clear()
+                self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
+                self.assertEqual(cache_c, cache_e)
+        self.assertIn("a dict whose items it replaced or removed", "\n".join(logs.output))
+
+    def test_dict_made_in_the_frame_changed_by_the_call_is_traced(self):
+        @torch._dynamo.init_values_once(guards=["cache"])
+        def fill(cache, options):
+            cache.setdefault("w", torch.ones(2))
+            options["scale"] = 3.0  # the function only gets a copy of the frame's dict
+
+        def fn(x, cache):
+            options = {"scale": 1.0}
+            fill(cache, options)
+            return x * options["scale"]
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for _ in range(2):
+                x = torch.randn(2)
+                self.assertEqual(compiled(x, {}), fn(x, {}))
+        self.assertIn("it changed a dict made in the frame", "\n".join(logs.output))
+
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 

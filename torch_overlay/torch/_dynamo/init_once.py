@@ -100,13 +100,25 @@ def init_values_once(guards: Sequence[str]) -> Callable[[_F], _F]:
     * the function's behaviour depends only on its guarded inputs, on its other
       arguments (which must be constants, objects Dynamo can resolve, or lists and
       dicts created in the compiled frame) and on tensor *metadata*, never tensor values;
-    * it mutates only its guarded inputs and the lists/dicts it was passed;
+    * it mutates only its guarded inputs and the lists it was passed that the frame
+      created (a dict created in the frame is passed as a copy and must not change);
     * it is idempotent: a second call with the state it produced changes nothing
-      (Dynamo may call it again when it restarts a trace).
+      (Dynamo may call it again when it restarts a trace);
+    * what it returns or puts into those lists is a constant, a guarded input or
+      something reachable from one (a tensor kept in a guarded input, not a new one).
 
-    When an argument has no real value at trace time (a tensor computed in the graph),
-    or an object reachable from a guarded input was already mutated in the frame,
-    Dynamo traces the function normally instead (logged under ``TORCH_LOGS=dynamo``).
+    Arguments that come from outside the frame and are not named in ``guards`` are
+    guarded too: constants by value, tensors by metadata, other objects by identity.
+
+    When the call cannot be made equivalent to tracing it, Dynamo traces the function
+    normally instead and logs why on ``torch._dynamo.variables.init_once``: an argument
+    has no real value at trace time (a tensor computed in the graph) or is a list or
+    dict from outside the frame that no spec names; an object reachable from a guarded
+    input was already mutated in the frame (under any name); the function returned a
+    tensor that is not reachable from its guarded inputs; or it changed a container the
+    frame had already read in a way the frame's view of it cannot follow (it replaced or
+    removed items, or the frame read the container's keys or length). A call that only
+    adds entries to state an earlier call (another param group) filled is run for real.
     Disable with ``torch._dynamo.config.init_values_once = False``.
     """
     if isinstance(guards, str):

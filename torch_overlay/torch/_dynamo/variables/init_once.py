@@ -7,9 +7,10 @@ filled to the graph with sources, so tensors reachable from guarded inputs becom
 inputs guarded like any other. See ``torch/_dynamo/init_once.py`` for the contract.
 
 Whenever the call cannot be made exactly equivalent to tracing, it is traced normally
-(inlined) and the reason is logged: an argument with no real value at trace time, an
-input with pending mutations in the frame, a guarded input without a source, or a
-container the frame already holds a view of that the call changed.
+(inlined) and the reason is logged: an argument with no real value at trace time or
+that cannot be guarded, an input with pending mutations in the frame, a guarded input
+without a source, a result that is not reachable from the guarded inputs, or a change
+to a container the frame has already read that the frame's view cannot follow.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any, TYPE_CHECKING
 
@@ -29,11 +31,9 @@ from ..source import (
     ConstDictKeySource,
     DictGetItemSource,
     GetItemSource,
-    GlobalWeakRefSource,
     GradSource,
     Source,
 )
-from ..utils import GLOBAL_KEY_PREFIX
 from .base import ValueMutationNew, VariableTracker
 
 
@@ -91,11 +91,12 @@ def _snapshot(container: Any) -> list[Any]:
     return list(container.items()) if isinstance(container, dict) else list(container)
 
 
+def _identities(container: Any, items: list[Any]) -> list[Any]:
+    return [(id(k), id(v)) for k, v in items] if isinstance(container, dict) else [id(v) for v in items]
+
+
 def _changed(container: Any, snapshot: list[Any]) -> bool:
-    now = _snapshot(container)
-    if isinstance(container, dict):
-        return [(id(k), id(v)) for k, v in now] != [(id(k), id(v)) for k, v in snapshot]
-    return [id(v) for v in now] != [id(v) for v in snapshot]
+    return _identities(container, _snapshot(container)) != _identities(container, snapshot)
 
 
 def _restore(container: Any, snapshot: list[Any]) -> None:
@@ -106,12 +107,213 @@ def _restore(container: Any, snapshot: list[Any]) -> None:
         container[:] = snapshot
 
 
+def _appended_only(container: Any, snapshot: list[Any]) -> bool:
+    """Whether `container` still starts with `snapshot`, item for item: what was there
+    (and any source handed out for it, by key or by position) is unchanged."""
+    before = _identities(container, snapshot)
+    return _identities(container, _snapshot(container))[: len(before)] == before
+
+
+def _pytree_sources(value: Any, source: Source, found: dict[int, tuple[Any, Source]]) -> None:
+    """Every object of `value`'s pytree (dicts, lists, tuples, their keys and leaves)
+    with the source VariableBuilder gives it; the first source found wins."""
+    if id(value) in found:
+        return
+    found[id(value)] = (value, source)
+    if isinstance(value, dict):
+        from .constant import ConstantVariable
+
+        # As VariableBuilder: keys by value if all are constants, else by position.
+        all_const = all(ConstantVariable.is_literal(k) for k in value)
+        for index, (key, item) in enumerate(value.items()):
+            if all_const:
+                item_key: Any = key
+            else:
+                item_key = ConstDictKeySource(source, index)
+                _pytree_sources(key, item_key, found)
+            _pytree_sources(item, DictGetItemSource(source, item_key), found)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _pytree_sources(item, GetItemSource(source, index), found)
+
+
+# Guards on a container itself that hold whatever items it has. Any other guard on it
+# (keys, length, contains, equality, version) means the frame read which items it has.
+_ITEM_INDEPENDENT_GUARDS = frozenset({"TYPE_MATCH", "ID_MATCH", "CLASS_MATCH"})
+
+
+def _frame_read_items(tx: "InstructionTranslatorBase", vt: VariableTracker) -> bool:
+    """Whether the frame has read which items the container behind `vt` holds (its keys,
+    length, membership): Dynamo guards every such read, on the container's source."""
+    guards = tx.output.guards.source_to_guards.get(vt.source, ())
+    return any(guard.create_fn_name() not in _ITEM_INDEPENDENT_GUARDS for guard in guards)
+
+
+def _add_appended_items(
+    tx: "InstructionTranslatorBase", vt: VariableTracker, container: dict[Any, Any], snapshot: list[Any]
+) -> None:
+    """Extend the frame's VariableTracker of `container` (built when it held `snapshot`)
+    with the items the call appended, lazily and with the sources VariableBuilder gives
+    them, as if it had been built now."""
+    from .constant import ConstantVariable
+    from .hashable import HashableTracker
+    from .lazy import LazyVariableTracker
+    from .user_defined import UserDefinedDictVariable
+
+    dict_vt = vt._base_vt if isinstance(vt, UserDefinedDictVariable) else vt
+    source = vt.source
+    for index, (key, value) in enumerate(container.items()):
+        if index < len(snapshot):
+            continue
+        if ConstantVariable.is_literal(key):
+            key_vt = ConstantVariable.create(key)
+            item_key: Any = key
+        else:
+            # Keys without a constant value are found by position, as VariableBuilder does.
+            tx.output.guard_on_key_order.add(source)
+            item_key = ConstDictKeySource(source, index)
+            key_vt = LazyVariableTracker.create(key, item_key, tx=tx)
+        value_vt = LazyVariableTracker.create(value, DictGetItemSource(source, item_key), tx=tx)
+        dict_vt.items[HashableTracker(key_vt)] = value_vt
+        # Present in the real dict already: nothing for the frame to write back.
+        dict_vt.original_items[key_vt] = value_vt
+
+
+class _FrameView:
+    """The containers reachable from the guarded inputs that the frame already has a
+    view of: a VariableTracker it built (and maybe guarded or specialised on), or
+    sources an earlier init_values_once call of this frame handed to the graph."""
+
+    def __init__(self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> None:
+        side_effects = tx.output.side_effects
+        handed_out = _handed_out(tx)
+        seen: set[int] = set()
+        self.entries = [
+            (c, _snapshot(c), side_effects.id_to_variable.get(id(c)), handed_out.get(id(c), (None,))[0] is c)
+            for _, value, _ in roots
+            for c in _containers(value, seen)
+            if c in side_effects or handed_out.get(id(c), (None,))[0] is c
+        ]
+
+    def restore(self) -> None:
+        """Undo the call's changes to these containers."""
+        for container, snapshot, _, _ in self.entries:
+            if _changed(container, snapshot):
+                _restore(container, snapshot)
+
+    def reconcile(self, tx: "InstructionTranslatorBase") -> None:
+        """After the call: bring the frame's views of what it changed up to date, or
+        undo the changes and refuse when a view cannot follow them soundly."""
+        changed = [entry for entry in self.entries if _changed(entry[0], entry[1])]
+        reasons = [reason for entry in changed if (reason := self._cannot_follow(tx, *entry))]
+        if reasons:
+            # The frame's views (and any guards or specialisation on them) describe the
+            # pre-call state. Put the containers back and trace the function instead; by
+            # the contract, what else it did is idempotent initialisation.
+            self.restore()
+            raise InlineInstead(
+                f"it changed {len(changed)} container(s) the frame had already read (first: {reasons[0]})"
+            )
+        for container, snapshot, vt, _ in changed:
+            if vt is not None:
+                _add_appended_items(tx, vt, container, snapshot)
+
+    @staticmethod
+    def _cannot_follow(
+        tx: "InstructionTranslatorBase", container: Any, snapshot: list[Any], vt: VariableTracker | None, handed_out: bool
+    ) -> str | None:
+        kind = type(container).__name__
+        if (vt is not None or handed_out) and not _appended_only(container, snapshot):
+            return f"a {kind} whose items it replaced or removed"
+        if vt is None:
+            return None  # sources handed out earlier still name the same objects
+        # Guards are built from the real objects once the frame is traced, so any the
+        # frame installed on this container check its post-call state; what the frame
+        # computed from its pre-call items would be reused for the post-call state.
+        if not isinstance(container, dict):
+            return f"a {kind} the frame holds (its length is guarded)"
+        from .dicts import ConstDictVariable
+        from .user_defined import UserDefinedDictVariable
+
+        if not isinstance(vt, (ConstDictVariable, UserDefinedDictVariable)):
+            return f"a {kind} the frame holds as a {type(vt).__name__}"
+        if vt.source is None or tx.output.side_effects.is_modified(vt) or _frame_read_items(tx, vt):
+            return f"a {kind} whose keys, length or membership the frame already read"
+        return None
+
+
+# Per OutputGraph (by id, dropped with it): the containers reachable from the guarded
+# inputs of the init_values_once calls it made, with their post-call items.
+_HANDED_OUT: dict[int, dict[int, tuple[Any, list[Any]]]] = {}
+
+
+def _handed_out(tx: "InstructionTranslatorBase") -> dict[int, tuple[Any, list[Any]]]:
+    key = id(tx.output)
+    if key not in _HANDED_OUT:
+        _HANDED_OUT[key] = {}
+        # Gone once the graph is compiled, or with the OutputGraph if it never is.
+        tx.output.add_cleanup_hook(lambda: _HANDED_OUT.pop(key, None))
+        weakref.finalize(tx.output, _HANDED_OUT.pop, key, None)
+    return _HANDED_OUT[key]
+
+
+@contextlib.contextmanager
+def _guards_only(tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> Iterator[None]:
+    """The VariableTrackers built inside for containers the frame had no view of serve
+    the guards only: forget them afterwards (tensors stay: they are graph inputs), so a
+    later read of such a container builds a view of its state then, and a later call
+    that appends to it does not meet a stale view."""
+    from .lazy import LazyVariableTracker
+
+    side_effects = tx.output.side_effects
+    cache = tx.output.variable_tracker_cache
+    before = set(side_effects.id_to_variable)
+    lazy_before = [vt for vt in cache.values() if isinstance(vt, LazyVariableTracker) and not vt.is_realized()]
+    yield
+    seen: set[int] = set()
+    containers = {id(c): c for _, value, _ in roots for c in _containers(value, seen)}
+    # A new container VariableTracker stays if the frame can reach it: it realizes a
+    # LazyVariableTracker the frame already had (VariableTracker.build hands out the
+    # cached one for a source), or one the frame had holds it (realize_all filled that
+    # one's lazy items with it).
+    realized = {id(vt.unwrap()) for vt in lazy_before if vt.is_realized()}
+    pending = [
+        c
+        for key, c in containers.items()
+        if key in before or id(side_effects.id_to_variable.get(key)) in realized
+    ]
+    reachable = {id(c) for c in pending}
+    while pending:
+        container = pending.pop()
+        for item in container.values() if isinstance(container, dict) else container:
+            if isinstance(item, (dict, list)) and id(item) not in reachable:
+                reachable.add(id(item))
+                pending.append(item)
+    drop = {
+        key: side_effects.id_to_variable[key]
+        for key in containers
+        if key not in before and key not in reachable and key in side_effects.id_to_variable
+    }
+    if not drop:
+        return
+    dropped = {id(vt) for vt in drop.values()}
+    for key in drop:
+        del side_effects.id_to_variable[key]
+    for source, vt in list(cache.items()):
+        if isinstance(vt, LazyVariableTracker):
+            if not vt.is_realized():
+                continue
+            vt = vt.unwrap()
+        if id(vt) in dropped:
+            del cache[source]
+
+
 class InitValuesOnceVariable(VariableTracker):
     """A call of a function decorated with ``torch._dynamo.init_values_once``.
 
     Subclasses specialise the steps (OptimizerInitGroupVariable for torch.optim):
     ``_before_call``, ``_real_arguments``, ``_check_no_pending_mutations``,
-    ``_install_guards``, ``_wrap_tensor`` and ``_after_call``.
+    ``_guard_arguments``, ``_install_guards``, ``_wrap_tensor`` and ``_after_call``.
     """
 
     def __init__(self, entry: InitValuesOnceFunction, fn_vt: VariableTracker, **kwargs: Any) -> None:
@@ -149,7 +351,8 @@ class InitValuesOnceVariable(VariableTracker):
         filled_lists: list[tuple[VariableTracker, list[Any], list[Any]]],
     ) -> dict[str, Any]:
         """The real Python value of every argument; lists made in the frame for the
-        function to fill are recorded in `filled_lists` (vt, before, after)."""
+        function to fill are recorded in `filled_lists` (vt, before, after), as are the
+        copies of dicts made in the frame (vt, items before, copy)."""
         real = {}
         for name, vt in bound_vts.items():
             kind = self.entry.signature.parameters[name].kind
@@ -175,43 +378,59 @@ class InitValuesOnceVariable(VariableTracker):
         real = self._real_arguments(tx, bound.arguments, filled_lists)
         roots = self._guarded_roots(tx, bound.arguments, real)
         self._check_no_pending_mutations(tx, roots)
-        # Containers the frame already holds VariableTrackers (and maybe guards) for.
-        already_seen = {
-            id(c): (c, _snapshot(c))
-            for _, value, _ in roots
-            for c in _containers(value, set())
-            if c in tx.output.side_effects
-        }
+        self._guard_arguments(tx, bound.arguments)
+        view = _FrameView(tx, roots)
 
         call = self.entry.signature.bind_partial()
         call.arguments.update(real)
         try:
             result = self.entry.fn(*call.args, **call.kwargs)
         except Exception as e:
+            view.restore()
             raise InlineInstead(f"it raised {type(e).__name__}: {e}") from None
+        view.reconcile(tx)
+        for _, before, after in filled_lists:
+            if isinstance(after, dict) and _changed(after, before):
+                raise InlineInstead("it changed a dict made in the frame, which it is passed a copy of")
+        filled_lists = [entry for entry in filled_lists if isinstance(entry[2], list)]
 
-        changed = [(c, snap) for c, snap in already_seen.values() if _changed(c, snap)]
-        if changed:
-            # Those VariableTrackers (and any guards on them) describe the pre-call
-            # state. Put the containers back and trace the function instead; by the
-            # contract, what else it did is idempotent initialisation.
-            for container, snapshot in changed:
-                _restore(container, snapshot)
-            raise InlineInstead(
-                f"it changed {len(changed)} container(s) the frame had already read "
-                f"(first: a {type(changed[0][0]).__name__})"
+        with _guards_only(tx, roots):
+            tensor_sources = self._install_guards(tx, roots)
+        # What the call returned or put into the frame's lists, by identity: the
+        # arguments' own VariableTrackers, then anything reachable from a guarded input
+        # (with its source, so the frame's later mutations reach the real object).
+        known: dict[int, VariableTracker | Source] = {}
+        for name, vt in bound.arguments.items():
+            known.setdefault(id(real[name]), vt)
+        for list_vt, _, after in filled_lists:
+            known[id(after)] = list_vt
+        reachable: dict[int, tuple[Any, Source]] = {}
+        for _, value, source in roots:
+            _pytree_sources(value, source, reachable)
+        for key, (_, source) in reachable.items():
+            known.setdefault(key, source)
+        # Wrap everything before changing any list, so a refusal leaves the frame as it was.
+        filled = [
+            (
+                list_vt,
+                [
+                    list_vt.items[i] if i < len(before) and item is before[i] else self._wrap(tx, item, tensor_sources, known)
+                    for i, item in enumerate(after)
+                ],
             )
-
-        tensor_sources = self._install_guards(tx, roots)
-        for list_vt, before, after in filled_lists:
+            for list_vt, before, after in filled_lists
+        ]
+        result_vt = self._wrap(tx, result, tensor_sources, known)
+        for list_vt, items in filled:
             tx.output.side_effects.mutation(list_vt)
-            items = [
-                list_vt.items[i] if i < len(before) and item is before[i] else self._wrap(tx, item, tensor_sources)
-                for i, item in enumerate(after)
-            ]
             list_vt.items[:] = items
+        handed_out = _handed_out(tx)
+        seen: set[int] = set()
+        for _, value, _ in roots:
+            for container in _containers(value, seen):
+                handed_out[id(container)] = (container, _snapshot(container))
         self._after_call(tx)
-        return self._wrap(tx, result, tensor_sources)
+        return result_vt
 
     def _real_value(
         self,
@@ -225,8 +444,8 @@ class InitValuesOnceVariable(VariableTracker):
 
         if isinstance(vt, LazyVariableTracker):
             if not vt.is_realized() and vt.source is not None:
-                # Not looked at yet in this frame: no guards on its pre-call state,
-                # and realizing it later reads the post-call state.
+                # Not looked at yet in this frame: realizing it later reads the
+                # post-call state. _guard_arguments guards it.
                 return vt.peek_value()
             vt = vt.unwrap()
         if type(vt) is ListVariable and vt.source is None and isinstance(vt.mutation_type, ValueMutationNew):
@@ -242,8 +461,55 @@ class InitValuesOnceVariable(VariableTracker):
                 raise InlineInstead(f"argument {name!r} has pending mutations in the frame")
             return tx.output.resolve_source_value(vt.source)
         if vt.is_python_constant() and not isinstance(vt, ListVariable):
-            return vt.as_python_constant()
+            value = vt.as_python_constant()
+            if isinstance(value, dict):
+                # A dict made in this frame: the function gets a copy, so it must not change it.
+                filled_lists.append((vt, _snapshot(value), value))
+            return value
         raise InlineInstead(f"argument {name!r} ({type(vt).__name__}) has no real value at trace time")
+
+    def _guard_arguments(self, tx: "InstructionTranslatorBase", bound_vts: dict[str, VariableTracker]) -> None:
+        """Guard what the call depends on besides its guarded inputs: the arguments the
+        frame got from outside (with a source) that no guard spec names. The compiled
+        code does not call the function again while its guards pass, so each must be
+        the same on a later call: constants by value (CONSTANT_MATCH), tensors by
+        metadata (the contract: the function reads nothing else of them), any other
+        object by identity (ID_MATCH). A list, dict or set from outside may be read
+        item by item or filled by the function: it must be a guarded input."""
+        named = {spec.root for spec in self.entry.guards}
+        for name, vt in bound_vts.items():
+            kind = self.entry.signature.parameters[name].kind
+            if name in named or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                continue
+            self._guard_argument(tx, name, vt)
+
+    def _guard_argument(self, tx: "InstructionTranslatorBase", name: str, vt: VariableTracker) -> None:
+        from ..guards import GuardBuilder, install_guard
+        from .constant import ConstantVariable
+        from .lazy import LazyVariableTracker
+        from .lists import ListVariable
+
+        if isinstance(vt, LazyVariableTracker) and vt.is_realized():
+            vt = vt.unwrap()
+        if type(vt) is ListVariable and vt.source is None:
+            for i, item in enumerate(vt.items):
+                self._guard_argument(tx, f"{name}[{i}]", item)
+            return
+        source = vt.source
+        if source is None:
+            return  # made in the frame: the trace itself specialises on it
+        value = tx.output.resolve_source_value(source)
+        if isinstance(value, torch.Tensor):
+            LazyVariableTracker.realize_all(vt)
+        elif isinstance(value, (dict, list, set)):
+            raise InlineInstead(
+                f"argument {name!r} is a {type(value).__name__} from outside the frame that no guard "
+                "spec names (the function may read or fill it)"
+            )
+        elif ConstantVariable.is_literal(value):
+            install_guard(source.make_guard(GuardBuilder.CONSTANT_MATCH))
+        else:
+            install_guard(source.make_guard(GuardBuilder.ID_MATCH))
 
     def _guarded_roots(
         self, tx: "InstructionTranslatorBase", bound_vts: dict[str, VariableTracker], real: dict[str, Any]
@@ -280,17 +546,32 @@ class InitValuesOnceVariable(VariableTracker):
     def _check_no_pending_mutations(
         self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]
     ) -> None:
-        guarded = [source.name for _, _, source in roots]
-        for vt in list(tx.output.side_effects.id_to_variable.values()):
-            if vt.source is None or not tx.output.side_effects.is_modified(vt):
-                continue
-            try:
-                name = vt.source.name
-            except NotImplementedError:  # sources with no Python expression
-                continue
-            for root in guarded:
-                if name == root or name.startswith((root + ".", root + "[")) or root.startswith((name + ".", name + "[")):
-                    raise InlineInstead(f"{name} has pending mutations in the frame")
+        """The function runs on the real objects, which do not have the frame's pending
+        mutations yet. Found by identity: the frame may have mutated an object under
+        any name (a global alias, another argument), not only under a guard's source."""
+        side_effects = tx.output.side_effects
+        reachable: dict[int, tuple[Any, Source]] = {}
+        for spec, value, source in roots:
+            # The objects a spec's path goes through: the attribute or item it takes.
+            base = source
+            steps = []
+            for _ in spec.path:
+                steps.append(base)
+                base = base.base  # type: ignore[attr-defined]
+            obj = tx.output.resolve_source_value(base)
+            for (kind, key), step_source in zip(spec.path, reversed(steps)):
+                vt = side_effects.id_to_variable.get(id(obj))
+                if vt is not None and (
+                    side_effects.has_pending_mutation_of_attr(vt, key) if kind == "attr" else side_effects.is_modified(vt)
+                ):
+                    raise InlineInstead(f"{step_source.name} has pending mutations in the frame")
+                obj = getattr(obj, key) if kind == "attr" else obj[key]
+            _pytree_sources(value, source, reachable)
+        for key, (_, source) in reachable.items():
+            vt = side_effects.id_to_variable.get(key)
+            if vt is not None and side_effects.is_modified(vt):
+                alias = "" if vt.source is None or vt.source == source else f" (as {vt.source.name})"
+                raise InlineInstead(f"{source.name} has pending mutations in the frame{alias}")
 
     def _install_guards(
         self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]
@@ -344,25 +625,42 @@ class InitValuesOnceVariable(VariableTracker):
     ) -> VariableTracker:
         source = tensor_sources.get(id(tensor))
         if source is None:
-            # Not reachable from a guarded input: keep it alive through a weak
-            # global, guarded on identity, as OptimizerVariable does.
-            source = GlobalWeakRefSource(tx.store_global_weakref_by_id(GLOBAL_KEY_PREFIX, tensor))
+            # Nothing the guards cover holds it: on a later call the compiled code would
+            # need the tensor without calling the function, and eager would get a new one.
+            raise InlineInstead(
+                f"it returned a tensor {tuple(tensor.shape)} that is not reachable from its guarded "
+                "inputs or arguments (store it in a guarded input to reuse it)"
+            )
         return VariableTracker.build(tx, tensor, source)
 
-    def _wrap(self, tx: "InstructionTranslatorBase", value: Any, tensor_sources: dict[int, Source]) -> VariableTracker:
+    def _wrap(
+        self,
+        tx: "InstructionTranslatorBase",
+        value: Any,
+        tensor_sources: dict[int, Source],
+        known: dict[int, "VariableTracker | Source"],
+    ) -> VariableTracker:
         """A VariableTracker for something the function returned or put into a list."""
         from .builder import SourcelessBuilder
         from .constant import ConstantVariable
         from .lists import ListVariable, TupleVariable
 
+        if ConstantVariable.is_literal(value) and not isinstance(value, (list, set)):
+            return ConstantVariable.create(value)
+        found = known.get(id(value))
+        if isinstance(found, VariableTracker):
+            return found
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(tx, value, tensor_sources)
-        if ConstantVariable.is_literal(value):
-            return ConstantVariable.create(value)
+        if found is not None:
+            # Reachable from a guarded input: the real object, not a copy.
+            return VariableTracker.build(tx, value, found)
         if type(value) is list:
-            return ListVariable([self._wrap(tx, v, tensor_sources) for v in value], mutation_type=ValueMutationNew())
+            return ListVariable([self._wrap(tx, v, tensor_sources, known) for v in value], mutation_type=ValueMutationNew())
         if type(value) is tuple:
-            return TupleVariable([self._wrap(tx, v, tensor_sources) for v in value])
+            return TupleVariable([self._wrap(tx, v, tensor_sources, known) for v in value])
+        if isinstance(value, (dict, set)):
+            raise InlineInstead(f"it returned a {type(value).__name__} that is not reachable from its guarded inputs")
         try:
             return SourcelessBuilder.create(tx, value)
         except Exception:
