@@ -155,6 +155,24 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
             with self.assertRaises(RecompileError):
                 compiled()
 
+    def test_inner_keys_argument_is_validated(self):
+        ext = guard_accel.extension()
+        t = torch.randn(2)
+        record = (0, "a", t, [2], [1], None, False, "d[k]['a']")
+        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None)
+        self.assertTrue(guard({"k": {"a": t, "b": 1}}))
+        self.assertFalse(guard({"k": {"b": 1, "a": t}}))
+        self.assertFalse(guard({"k": {"a": t}}))
+        self.assertEqual(guard.explain({"k": {"b": 1, "a": t}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['b', 'a']")
+        # A key whose repr could run user code is shown by its type only.
+        self.assertEqual(guard.explain({"k": {"a": t, object(): 1}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]")
+        with self.assertRaisesRegex(ValueError, "position without records"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None)
+        with self.assertRaisesRegex(ValueError, "missing from the inner keys"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None)
+        with self.assertRaisesRegex(TypeError, "exact str"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None)
+
     def test_grads_alone_join_the_aliasing_group(self):
         # Only Parameters (exempt from no-aliasing) and their grads: the group
         # is still installed for the grads.
