@@ -108,11 +108,11 @@ cache entry 0:
         self.assertExpectedInline(text, """\
 Guards of step (test_guard_explainer.py:40): 1 cache entry
 cache entry 0:
-  23 guards on 6 objects: accelerated container 6, global state 4, type 4, contents 3, identity 3, tensor bookkeeping 2, value 1
-    self.param_groups: 8 guards  [init_values_once[self.param_groups], accelerated container guard]
+  24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
+    self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
         tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
-        type of 3 objects
-        contents (2 key/length checks)
+        type of 2 objects
+        contents (4 key/length checks)
         value: self.param_groups[0]['lr'] == 0.1
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
@@ -125,7 +125,7 @@ cache entry 0:
     <no-aliasing check>: 2 guards
         one native no-aliasing check over 400 tensors
     self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)""", skip=1)
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""", skip=1)
         raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
         self.assertLessEqual(len(text.splitlines()), 40)
         # grads, state buffers and the param/state-key pairs are native guards
