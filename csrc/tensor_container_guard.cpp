@@ -154,6 +154,7 @@ enum class Field : uint8_t {
   kStride,
   kDimMarking,
   kInnerType, // kDictNested: the dict holding the tensor changed type
+  kInnerKeys, // kDictNested: the keys (or their order) of that dict changed
   kGradNone, // .grad is None, a tensor was expected
   kGradPresent, // .grad is a tensor, None was expected
 };
@@ -316,6 +317,15 @@ class TensorContainerGuard {
   std::vector<Record> records_; // sorted by locator
   // kDictNested: the type of every dict holding a recorded tensor (strong).
   PyTypeObject* inner_type_ = nullptr;
+  // kDictNested: the keys, in order, of the inner dicts whose keys are checked
+  // (exact str, strong). Per record: inner_keys_of_, an index into inner_keys_ for
+  // the first record of such a dict's position, else -1; inner_key_index_, the
+  // index of the record's key in those keys. Empty when no keys are checked.
+  std::vector<std::vector<PyObject*>> inner_keys_;
+  std::vector<int32_t> inner_keys_of_;
+  std::vector<int32_t> inner_key_index_;
+  std::vector<PyObject*> inner_values_; // scratch: borrowed, one check
+  bool read_inner_dict(PyObject* dict, const std::vector<PyObject*>& keys);
   // The .grad of elements (Record::grad >= 0); locator and key unused, grad unchecked.
   std::vector<Record> grad_records_;
   std::vector<std::string> grad_names_;
@@ -364,6 +374,11 @@ TensorContainerGuard::~TensorContainerGuard() {
     Py_XDECREF(r.pytype);
   }
   Py_XDECREF(inner_type_);
+  for (std::vector<PyObject*>& keys : inner_keys_) {
+    for (PyObject* k : keys) {
+      Py_XDECREF(k);
+    }
+  }
   for (MarkExpectation& m : marks_) {
     for (PyObject* o : m.subset_of) {
       Py_XDECREF(o);
@@ -689,6 +704,26 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
 // the container (and dict keys), never an element, so it is cheap and lets the
 // check loop prefetch. No Python code runs during a check, so these borrowed
 // references stay valid.
+// True iff the keys of the exact dict are `keys`, in order; its values go to
+// inner_values_ (one walk, no lookups). Both sides are exact str, so comparing
+// them runs no Python code.
+bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<PyObject*>& keys) {
+  if (PyDict_GET_SIZE(dict) != static_cast<Py_ssize_t>(keys.size())) {
+    return false;
+  }
+  Py_ssize_t pos = 0;
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  for (size_t k = 0; PyDict_Next(dict, &pos, &key, &value); k++) {
+    if (key != keys[k] &&
+        !(PyUnicode_CheckExact(key) && PyUnicode_Compare(key, keys[k]) == 0)) {
+      return false;
+    }
+    inner_values_[k] = value;
+  }
+  return true;
+}
+
 template <bool kVerbose>
 bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
   auto fail = [&](Field f, Py_ssize_t record = -1) {
@@ -840,6 +875,24 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
           }
           return false;
         }
+        if (!inner_keys_of_.empty() && inner_keys_of_[i] >= 0) {
+          // The first record of a dict whose keys are checked: take the tensors
+          // of all its records from that walk.
+          if (!read_inner_dict(inner, inner_keys_[inner_keys_of_[i]])) {
+            if constexpr (kVerbose) {
+              out->field = Field::kInnerKeys;
+              out->record = i;
+              out->value = inner;
+            }
+            return false;
+          }
+          const Py_ssize_t locator = records_[i].locator;
+          for (; i < n && records_[i].locator == locator; i++) {
+            elements_[i] = inner_values_[inner_key_index_[i]];
+          }
+          i--; // the loop's increment
+          continue;
+        }
         elements_[i] = PyDict_GetItemWithError(inner, records_[i].key);
         if (elements_[i] == nullptr) {
           PyErr_Clear();
@@ -924,6 +977,39 @@ std::string py_repr(PyObject* obj) {
   return out;
 }
 
+// repr() of exact str and int keys only: other keys could run user code.
+std::string key_repr(PyObject* key) {
+  if (PyUnicode_CheckExact(key) || PyLong_CheckExact(key)) {
+    return py_repr(key);
+  }
+  return std::string("<") + Py_TYPE(key)->tp_name + " object>";
+}
+
+std::string keys_repr(const std::vector<PyObject*>& keys) {
+  std::string out = "[";
+  for (size_t k = 0; k < keys.size(); k++) {
+    out += (k ? ", " : "") + key_repr(keys[k]);
+  }
+  return out + "]";
+}
+
+std::string dict_keys_repr(PyObject* dict) {
+  // Held: repr() allocates, and a collection could run finalizers that change the dict.
+  std::vector<PyObject*> keys;
+  Py_ssize_t pos = 0;
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    Py_INCREF(key);
+    keys.push_back(key);
+  }
+  std::string out = keys_repr(keys);
+  for (PyObject* k : keys) {
+    Py_DECREF(k);
+  }
+  return out;
+}
+
 std::string dtype_name(c10::ScalarType t) {
   THPDtype* d = torch::getTHPDtype(t);
   return d != nullptr ? std::string(d->name) : std::string(c10::toString(t));
@@ -957,6 +1043,12 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
       default:
         os << "check failed";
     }
+    return os.str();
+  }
+  if (m.field == Field::kInnerKeys) {
+    os << names_[m.record] << ": the dict holding it changed keys "
+       << keys_repr(inner_keys_[inner_keys_of_[m.record]]) << " -> "
+       << dict_keys_repr(m.value);
     return os.str();
   }
   if (m.field == Field::kInnerType) {
@@ -1156,6 +1248,9 @@ PyObject* guard_summary(PyObject* self, PyObject*) {
       os << sep << none << " None";
     }
     os << ")";
+  }
+  if (!g->inner_keys_.empty()) {
+    os << ", and the keys in order of the " << g->inner_keys_.size() << " dicts holding them";
   }
   return PyUnicode_FromString(os.str().c_str());
 }
@@ -1480,6 +1575,48 @@ py::object make_tensor_container_guard(
         grad = static_cast<int32_t>(guard->grad_records_.size()) - 1;
       }
       guard->records_.back().grad = grad;
+    }
+  }
+
+  if (nested && !ordered_keys.is_none()) {
+    // {outer position: the inner dict's keys in order}, for positions with records.
+    guard->inner_keys_of_.assign(guard->records_.size(), -1);
+    guard->inner_key_index_.assign(guard->records_.size(), -1);
+    for (auto item : py::cast<py::dict>(ordered_keys)) {
+      Py_ssize_t position = item.first.cast<Py_ssize_t>();
+      size_t first = 0;
+      while (first < guard->records_.size() && guard->records_[first].locator != position) {
+        first++;
+      }
+      if (first == guard->records_.size()) {
+        throw py::value_error("dict_nested inner keys given for a position without records");
+      }
+      std::vector<PyObject*> keys;
+      for (py::handle key : py::cast<py::sequence>(item.second)) {
+        if (!PyUnicode_CheckExact(key.ptr())) {
+          for (PyObject* k : keys) {
+            Py_DECREF(k);
+          }
+          throw py::type_error("dict_nested inner keys must be exact str");
+        }
+        keys.push_back(new_ref(key));
+      }
+      guard->inner_keys_of_[first] = static_cast<int32_t>(guard->inner_keys_.size());
+      guard->inner_keys_.push_back(std::move(keys)); // owned by the guard from here on
+      const std::vector<PyObject*>& listed = guard->inner_keys_.back();
+      if (guard->inner_values_.size() < listed.size()) {
+        guard->inner_values_.resize(listed.size());
+      }
+      for (size_t i = first; i < guard->records_.size() && guard->records_[i].locator == position; i++) {
+        for (size_t k = 0; k < listed.size(); k++) {
+          if (PyUnicode_Compare(listed[k], guard->records_[i].key) == 0) {
+            guard->inner_key_index_[i] = static_cast<int32_t>(k);
+          }
+        }
+        if (guard->inner_key_index_[i] < 0) {
+          throw py::value_error("a recorded inner key is missing from the inner keys");
+        }
+      }
     }
   }
 
@@ -1815,10 +1952,12 @@ void init_tensor_container_guard(py::module_& m) {
       py::arg("ordered_keys"),
       py::arg("elements"),
       py::arg("aliasing_group"),
-      "Build a TensorContainerGuard. kind: list, tuple, dict_lookup or dict_ordered; "
-      "elements: (locator, key, tensor, sizes, strides, marks, aliasing, name) sorted "
-      "by locator, sizes/strides entries None for dynamic dimensions, marks None or "
-      "one set-or-None per MARK_ATTRS entry.");
+      "Build a TensorContainerGuard. kind: list, tuple, dict_lookup, dict_ordered or "
+      "dict_nested; elements: (locator, key, tensor, sizes, strides, marks, aliasing, "
+      "name) sorted by locator, sizes/strides entries None for dynamic dimensions, marks "
+      "None or one set-or-None per MARK_ATTRS entry. ordered_keys: dict_ordered, every "
+      "key in order; dict_nested, None or {outer position: the inner dict's str keys in "
+      "order} for positions with elements, whose keys are then checked too.");
 }
 
 } // namespace dynapatch

@@ -105,8 +105,13 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertNotIn("TENSOR_MATCH", tree)
         self.assertNotIn("GradGuardAccessor", tree)
         self.assertNotIn("NOT_NONE", tree)
-        self.assertNotIn("KeyValueManager", tree)
+        # Only the param group's 3 keys; the state's inner dicts' keys are native.
+        self.assertEqual(tree.count("KeyValueManager"), 3)
         self.assertNotIn(" is list(dict.keys", tree)
+        self.assertIn(
+            "the keys in order of the 64 dicts holding them",
+            gm.closure_vars["___tensor_container_nested_0"].summary(),
+        )
         self.assertEqual(gm.closure_vars["___tensor_container_identity"].num_pairs(), 64)
         self.assertEqual(gm.closure_vars["___tensor_container_nested_0"].num_tensors(), 64)
         # grads (64) and buffers (64); the parameters skip the no-aliasing guard
@@ -155,6 +160,44 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
             with self.assertRaises(RecompileError):
                 compiled()
 
+    def test_inner_dict_keys_not_all_str_keep_stock_key_guards(self):
+        # The native guard checks inner dicts with str keys only; one with an int
+        # key keeps its stock key guards, and a key added to it still recompiles.
+        params = make_params(16)
+        opt = make_opt_class()(params)
+        for i, p in enumerate(params):
+            opt.state[p] = {"momentum_buffer": torch.zeros(4)}
+            if i == 3:
+                opt.state[p][0] = "not a tensor"
+        _, compiled, cnt, gm = compile_opt(params, opt=opt)
+        tree = str(gm)
+        self.assertIn("list(dict.keys(L['self'].state[list(dict.keys(L['self'].state))[3]]))[1] == 0", tree)
+        self.assertEqual(tree.count("KeyValueManager"), 3 + 3)  # param group; state[3]'s two keys, itself
+        self.assertIn("the keys in order of the 15 dicts", gm.closure_vars["___tensor_container_nested_0"].summary())
+        opt.state[params[3]][1] = "another"
+        self.assert_recompile_reason(compiled, "len(self.state[list(dict.keys(self.state))[3]]) != 2")
+        del opt.state[params[3]][1]
+        opt.state[params[4]]["step"] = 1
+        self.assert_recompile_reason(compiled, "changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']")
+
+    def test_inner_keys_argument_is_validated(self):
+        ext = guard_accel.extension()
+        t = torch.randn(2)
+        record = (0, "a", t, [2], [1], None, False, "d[k]['a']")
+        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None)
+        self.assertTrue(guard({"k": {"a": t, "b": 1}}))
+        self.assertFalse(guard({"k": {"b": 1, "a": t}}))
+        self.assertFalse(guard({"k": {"a": t}}))
+        self.assertEqual(guard.explain({"k": {"b": 1, "a": t}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['b', 'a']")
+        # A key whose repr could run user code is shown by its type only.
+        self.assertEqual(guard.explain({"k": {"a": t, object(): 1}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]")
+        with self.assertRaisesRegex(ValueError, "position without records"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None)
+        with self.assertRaisesRegex(ValueError, "missing from the inner keys"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None)
+        with self.assertRaisesRegex(TypeError, "exact str"):
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None)
+
     def test_grads_alone_join_the_aliasing_group(self):
         # Only Parameters (exempt from no-aliasing) and their grads: the group
         # is still installed for the grads.
@@ -189,6 +232,11 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         state_name = "self.state[list(dict.keys(self.state))[416]]['momentum_buffer']"
         q = torch.nn.Parameter(p.detach().clone())
         q.grad = g
+
+        def reorder_state():
+            bufs[416]["step"] = 1
+            bufs[416]["momentum_buffer"] = bufs[416].pop("momentum_buffer")
+
         cases = {
             "grad None": (lambda: setattr(p, "grad", None), lambda: setattr(p, "grad", g),
                           f"{grads}[417].grad: is None, expected a tensor"),
@@ -211,7 +259,14 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
                             f"{state_name}: dtype changed float32 -> float64"),
             "state missing": (lambda: bufs[416].pop("momentum_buffer"),
                               lambda: bufs[416].__setitem__("momentum_buffer", buf),
-                              f"{state_name}: missing from the container"),
+                              f"{state_name}: the dict holding it changed keys ['momentum_buffer'] -> []"),
+            "state key added": (lambda: bufs[416].__setitem__("step", 1),
+                                lambda: bufs[416].pop("step"),
+                                f"{state_name}: the dict holding it changed keys "
+                                "['momentum_buffer'] -> ['momentum_buffer', 'step']"),
+            "state keys reordered": (reorder_state, lambda: bufs[416].pop("step"),
+                                     f"{state_name}: the dict holding it changed keys "
+                                     "['momentum_buffer'] -> ['step', 'momentum_buffer']"),
             "state aliasing": (lambda: bufs[416].__setitem__("momentum_buffer", bufs[3]["momentum_buffer"]),
                                lambda: bufs[416].__setitem__("momentum_buffer", buf),
                                "are the same tensor"),

@@ -109,11 +109,11 @@ cache entry 0:
         self.assertExpectedInline(text, """\
 Guards of step (test_guard_explainer.py:40): 1 cache entry
 cache entry 0:
-  23 guards on 6 objects: accelerated container 6, global state 4, type 4, contents 3, identity 3, tensor bookkeeping 2, value 1
-    self.param_groups: 8 guards  [init_values_once[self.param_groups], accelerated container guard]
+  24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
+    self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
         tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
-        type of 3 objects
-        contents (2 key/length checks)
+        type of 2 objects
+        contents (4 key/length checks)
         value: self.param_groups[0]['lr'] == 0.1
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
@@ -126,7 +126,7 @@ cache entry 0:
     <no-aliasing check>: 2 guards
         one native no-aliasing check over 400 tensors
     self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)""", skip=1)
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""", skip=1)
         raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
         self.assertLessEqual(len(text.splitlines()), 40)
         # grads, state buffers and the param/state-key pairs are native guards
@@ -230,6 +230,110 @@ cache entry 0:
             describe_guard_failure("0/0: xs[417]: dtype changed float32 -> float64", scope),
             "object xs, tensor xs[417]: dtype changed float32 -> float64",
         )
+
+    def test_explained_recompile_runs_no_user_code(self):
+        # A recompile logged under TORCH_LOGS=recompiles calls a user __repr__ as
+        # often with the explanation line as without it (Dynamo's own reason
+        # formatting and guard building call it: the keys' repr is in their guards).
+        reprs = []
+
+        class Key(str):
+            def __repr__(self):
+                reprs.append(self)
+                return f"Key({str(self)!r})"
+
+        def total_of(d):
+            out = torch.zeros(2)
+            for v in d.values():
+                out = out + v
+            return out
+
+        def recompile(explain_reasons):
+            torch._dynamo.reset()
+            cnt = torch._dynamo.testing.CompileCounter()
+            fn = torch.compile(total_of, backend=cnt)
+            d = {Key("a"): torch.ones(2)}
+            self.assertEqual(fn(d), total_of(d))
+            d[Key("b")] = torch.full((2,), 2.0)
+            reprs.clear()
+            torch._logging.set_logs(recompiles=True)
+            try:
+                with torch._dynamo.config.patch(explain_recompile_reasons=explain_reasons):
+                    with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
+                        self.assertEqual(fn(d), total_of(d))
+            finally:
+                torch._logging.set_logs()
+            self.assertEqual(cnt.frame_count, 2)
+            message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
+            return len(reprs), message
+
+        with_explanation, message = recompile(True)
+        without, plain = recompile(False)
+        self.assertGreater(without, 0)
+        self.assertEqual(with_explanation, without)
+        self.assertIn("=> object d: length of d changed 1 -> 2", message)
+        self.assertNotIn("=>", plain)
+
+    def test_explanation_reads_values_without_user_code(self):
+        from torch._dynamo.guard_explainer import describe_guard_failure
+
+        calls = []
+
+        class Loud:
+            """Every hook that could run during an explanation records its call."""
+
+            def __init__(self):
+                self.plain = 3  # an instance attribute: read directly
+
+            def __repr__(self):
+                calls.append("__repr__")
+                return "Loud()"
+
+            def __len__(self):
+                calls.append("__len__")
+                return 1
+
+            def __getitem__(self, key):
+                calls.append("__getitem__")
+                return 1
+
+            def __getattr__(self, name):
+                calls.append("__getattr__")
+                return 1
+
+            @property
+            def prop(self):
+                calls.append("prop")
+                return 1
+
+        class LoudList(list):
+            def __len__(self):
+                calls.append("LoudList.__len__")
+                return 0
+
+        class Cls:
+            seen = [0] * 8  # a plain class attribute: read directly
+
+        loud = Loud()
+        scope = {"loud": loud, "xs": LoudList([1, 2]), "m": Cls(), "d": {"k": loud, "n": 5}}
+        cases = {
+            "0/0: loud.plain == 2": "object loud.plain: value of loud.plain changed 2 -> 3",
+            "0/0: len(m.seen) == 7": "object m.seen: length of m.seen changed 7 -> 8",
+            "0/0: len(loud) == 2": "object loud: length of loud changed 2 -> <unavailable>",
+            "0/0: len(xs) == 3": "object xs: length of xs changed 3 -> <unavailable>",
+            "0/0: loud.prop == 2": "object loud.prop: value of loud.prop changed 2 -> <unavailable>",
+            "0/0: loud.missing == 2": "object loud.missing: value of loud.missing changed 2 -> <unavailable>",
+            "0/0: d['k'] == 2": "object d: value of d['k'] changed 2 -> <Loud>",
+            "0/0: d['n'] == 4": "object d: value of d['n'] changed 4 -> 5",
+            "0/0: len(d) != 1": "object d: length of d changed 1 -> 2",
+            "0/0: ___check_type_id(loud, 123), type=<class 'Loud'>": "object loud: type of loud changed -> Loud",
+            "0/0: hasattr(loud, 'x')": "object loud: hasattr(loud, 'x') no longer holds (loud = <Loud>)",
+            "0/0: str(loud) == 'a'": "object loud: str(loud) == 'a' no longer holds (loud = <Loud>)",
+        }
+        for reason, expected in cases.items():
+            with self.subTest(reason=reason):
+                self.assertEqual(describe_guard_failure(reason, scope), expected)
+        self.assertEqual(calls, [])
 
 
 if __name__ == "__main__":

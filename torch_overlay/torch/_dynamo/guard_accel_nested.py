@@ -5,18 +5,19 @@ loop. Optimizer-like objects (``init_values_once`` guarded inputs, see
 ``scripts/bench_skip_guard.py``) leave three kinds of per-tensor guards beside
 those, each O(N) nodes and O(N) work per call:
 
-* the ``.grad`` of every parameter of a planned container (GradSource):
+* the ``.grad`` of every tensor of a planned container (GradSource):
   NOT_NONE_MATCH or CONSTANT_MATCH(None), TENSOR_MATCH, a share of no-aliasing;
 * a dict of dicts of tensors reached through a DictGuardManager with tensor keys
-  (``self.state[p]['momentum_buffer']``): TYPE_MATCH per inner dict, TENSOR_MATCH
-  per tensor;
+  (``self.state[p]['momentum_buffer']``): TYPE_MATCH and DICT_KEYS_MATCH (keys
+  and their order) per inner dict, TENSOR_MATCH per tensor;
 * ``params[i] is list(dict.keys(state))[i]`` (DUPLICATE_INPUT), one Python
   ``is`` lambda per pair, built with ``ast`` at compile time.
 
 This module extends the plan of ``guard_accel``: a grad's guards become an
 optional grad record of its element's record (checked in the same loop; grads
 join the aliasing group), a dict of dicts becomes a ``dict_nested`` container
-(records located by outer position and inner str key), and the identity pairs
+(records located by outer position and inner str key; the inner dicts' str keys
+in order are checked too), and the identity pairs
 become one ``ObjectIdentityGuard`` epilogue that fetches both containers from the
 frame locals at every check and compares their live items: no object is kept
 alive and no pointer is kept between checks.
@@ -42,7 +43,7 @@ from .source import (
     ListGetItemSource,
     LocalSource,
 )
-from .utils import istype
+from .utils import builtin_dict_keys, istype
 
 
 if TYPE_CHECKING:
@@ -81,8 +82,12 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
         # TENSOR_MATCH of a grad -> a shadow container collecting its record
         self._grad_shadows: dict[int, Any] = {}
         self._taken: dict[int, Guard] = {}  # id(guard) -> guard, see takes_guard
-        # inner dict TYPE_MATCH guards of dict_nested containers: id -> (container, position)
+        # inner dict TYPE_MATCH and DICT_KEYS_MATCH guards of dict_nested containers:
+        # id -> (container, position)
         self._inner_types: dict[int, tuple[Any, int]] = {}
+        # inner dict keys in order, checked by the container guard: id(container) ->
+        # {position: keys}
+        self._inner_keys: dict[int, dict[int, tuple[str, ...]]] = {}
         self._identity_pairs: list[tuple[Guard, Any, Any]] = []
 
     def takes_guard(self, builder: GuardBuilder, guard: Guard) -> bool:
@@ -144,15 +149,27 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
 
     # -- nested dicts --------------------------------------------------------
 
-    def note_inner_type_guards(self, guards: list[Guard]) -> None:
+    def note_inner_type_guards(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        """The type, and the keys in order, of the dicts holding a dict_nested
+        container's tensors are checked by its guard."""
         inner: dict[str, tuple[Any, int]] = {}
         for container in self.containers:
             for source_name, position in getattr(container, "inner_sources", {}).items():
                 inner[source_name] = (container, position)
         for guard in guards:
-            if guard.name in inner and guard_accel._create_fn_name(guard) == "TYPE_MATCH":
-                self._inner_types[id(guard)] = inner[guard.name]
-                self._take(guard)
+            if guard.name not in inner:
+                continue
+            kind = guard_accel._create_fn_name(guard)
+            if kind == "DICT_KEYS_MATCH":
+                keys = tuple(builtin_dict_keys(builder.get(guard.originating_source)))
+                if not all(type(k) is str for k in keys):
+                    continue
+                container, position = inner[guard.name]
+                self._inner_keys.setdefault(id(container), {})[position] = keys
+            elif kind != "TYPE_MATCH":
+                continue
+            self._inner_types[id(guard)] = inner[guard.name]
+            self._take(guard)
 
     # -- identity pairs (DUPLICATE_INPUT) -------------------------------------
 
@@ -230,6 +247,7 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
         for guard_id, (container, position) in self._inner_types.items():
             if position not in positions[id(container)]:
                 fallback.append(self._taken[guard_id])
+                self._inner_keys.get(id(container), {}).pop(position, None)
         if fallback:
             self._create_stock(builder, fallback)
 
@@ -400,7 +418,7 @@ def plan_tensor_containers(
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = NestedTensorContainerPlan(ext, containers)
     plan.plan_grads(builder, guards)
-    plan.note_inner_type_guards(guards)
+    plan.note_inner_type_guards(builder, guards)
     plan.plan_identity(builder, guards, min_size)
     if not containers and not plan._identity_pairs:
         return None
@@ -419,7 +437,7 @@ def _install_nested(
         ref = builder.arg_ref(container.name)
         records = sorted(container.records, key=lambda r: (r[0], r[1]))
         guard_fn = plan.extension.make_tensor_container_guard(
-            "dict_nested", ref, dict, None, records, group
+            "dict_nested", ref, dict, plan._inner_keys.get(id(container)) or None, records, group
         )
         var = f"___tensor_container_nested_{i}"
         plan.closure_vars[var] = guard_fn

@@ -86,6 +86,8 @@ class GuardLine:
             if "L[" not in self.code:
                 return "global state"
             return "aliasing" if " is " in self.code else "relation"
+        if self.kind == "EQUALS_MATCH" and self.source.startswith("list(dict.keys("):
+            return "contents"  # a dict key, under its DictGuardManager
         return KIND_CATEGORY.get(self.kind, "other")
 
 
@@ -324,23 +326,136 @@ def explain_guards(fn_or_module: Any, *, full: bool = False, file: Any = None) -
 
 
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[[^\]]*\])*")
+_STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(-?\d+|'[^'\\]*'|\"[^\"\\]*\")\]")
+_UNAVAILABLE = "<unavailable>"
+_MISSING = object()
+# Values shown with repr(): builtin types whose repr runs no Python code.
+_SAFE_REPR_TYPES = (type(None), bool, int, float, complex, str, bytes)
 
 
-def _evaluate(expression: str, scope: dict[str, Any]) -> Any:
+def _type_name(value: Any) -> str:
+    # type.__dict__ descriptors: no metaclass attribute lookup runs.
+    return type.__dict__["__name__"].__get__(type(value))
+
+
+# The helpers below test types with type() and issubclass(type(x), ...): isinstance()
+# may look up x.__class__, which runs a user __getattribute__.
+
+
+def _static_attr(obj: Any, name: str) -> Any:
+    """obj.<name> when getting it runs no Python code: an instance __dict__ entry, a
+    plain class attribute, a __slots__ member or an nn.Module's parameter, buffer or
+    submodule. _MISSING otherwise (properties, __getattr__, other descriptors)."""
+    import inspect
+
+    import torch
+
     try:
-        value = eval(expression, {}, scope)  # noqa: S307 - Dynamo's own source expressions
-    except Exception:
-        return "<unavailable>"
-    if isinstance(value, str) and len(value) > 80:
-        return value[:77] + "..."
+        found = inspect.getattr_static(obj, name)
+    except AttributeError:
+        found = _MISSING
+    instance_dict = inspect.getattr_static(obj, "__dict__", None)
+    if type(instance_dict) is types.GetSetDescriptorType:
+        instance_dict = instance_dict.__get__(obj)  # the builtin __dict__ getter
+    if type(instance_dict) is not dict:
+        instance_dict = {}
+    if found is not _MISSING:
+        if found is dict.get(instance_dict, name, _MISSING):
+            return found
+        if type(found) is types.MemberDescriptorType:
+            return found.__get__(obj)
+        if name == "__dict__" and type(found) is types.GetSetDescriptorType:
+            return instance_dict
+        has_get = inspect.getattr_static(type(found), "__get__", _MISSING) is not _MISSING
+        return _MISSING if has_get else found
+    if issubclass(type(obj), torch.nn.Module) and inspect.getattr_static(type(obj), "__getattr__") is torch.nn.Module.__getattr__:
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = dict.get(instance_dict, table)
+            if type(entries) is dict and name in entries:
+                return dict.__getitem__(entries, name)
+    return _MISSING
+
+
+def _resolve(expression: str, scope: dict[str, Any]) -> Any:
+    """The value of a source expression (name, .attr, [int], ['key']) read without
+    running user code: attributes as _static_attr, items of lists, tuples and dicts
+    only (a str/int key compares, by __eq__, only with keys of the same hash).
+    _MISSING when it cannot be read so."""
+    match = re.match(r"[A-Za-z_]\w*", expression)
+    if match is None or match.group(0) not in scope:
+        return _MISSING
+    value, pos = scope[match.group(0)], match.end()
+    while pos < len(expression):
+        step = _STEP.match(expression, pos)
+        if step is None:
+            return _MISSING
+        attr, key = step.groups()
+        if attr is not None:
+            value = _static_attr(value, attr)
+        else:
+            key = int(key) if key[0] not in "'\"" else key[1:-1]
+            if issubclass(type(value), dict):
+                value = dict.get(value, key, _MISSING)
+            elif type(value) in (list, tuple) and isinstance(key, int) and -len(value) <= key < len(value):
+                value = value[key]
+            else:
+                value = _MISSING
+        if value is _MISSING:
+            return _MISSING
+        pos = step.end()
     return value
+
+
+def _safe_repr(value: Any, depth: int = 0) -> str:
+    """repr() where it runs no user code (or torch's tensor printing); else the type."""
+    import torch
+
+    if type(value) in (torch.dtype, torch.device):
+        return repr(value)
+    if type(value) in _SAFE_REPR_TYPES:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    if type(value) in (list, tuple) and depth == 0 and len(value) <= 8:
+        items = ", ".join(_safe_repr(v, 1) for v in value)
+        return f"[{items}]" if type(value) is list else f"({items}{',' if len(value) == 1 else ''})"
+    if issubclass(type(value), type):
+        return f"<class '{type.__dict__['__name__'].__get__(value)}'>"
+    length = _builtin_len(value)
+    size = f" of length {length}" if length is not None else ""
+    return f"<{_type_name(value)}{size}>"
+
+
+def _builtin_len(value: Any) -> int | None:
+    """len(value) for builtin containers (and subclasses not overriding __len__)."""
+    import inspect
+
+    for base in (dict, list, tuple, set, frozenset, str, bytes):
+        if issubclass(type(value), base) and inspect.getattr_static(type(value), "__len__") is base.__dict__["__len__"]:
+            return base.__len__(value)
+    return None
+
+
+def _now(kind: str, src: str, scope: dict[str, Any]) -> str:
+    """The current value of `src` as shown in an explanation: its repr, length or
+    type name, computed without running user code ("<unavailable>" otherwise)."""
+    value = _resolve(src, scope)
+    if value is _MISSING:
+        return _UNAVAILABLE
+    if kind == "len":
+        length = _builtin_len(value)
+        return _UNAVAILABLE if length is None else str(length)
+    if kind == "type":
+        return _type_name(value)
+    return _safe_repr(value)
 
 
 def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
     """One line naming the object, the field and old -> new value of a failed guard,
     or None when the reason cannot be attributed. `reason` is a recompile reason as
     Dynamo formats it (sources shown without L[...]); `scope` holds the frame's
-    globals and locals by name."""
+    globals and locals by name. No user code runs: current values are read and
+    shown only where that takes no user-defined __repr__, __len__, __getattr__,
+    property or __getitem__ (see _resolve and _safe_repr)."""
     reason = reason.split(": ", 1)[1] if re.match(r"\d+/\d+: ", reason) else reason
     tensor = _TENSOR_FAILURE.search(reason)
     if tensor:
@@ -351,24 +466,30 @@ def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
     native = re.fullmatch(r"(?P<src>[A-Za-z_][\w.\[\]']*): (?P<what>.+ changed .+)", code)
     if native:  # a TensorContainerGuard's own explanation
         return f"object {user_object(native['src'])}, tensor {native['src']}: {native['what']}"
+    code = re.sub(r", type=<class '[^']*'>$", "", code)  # TYPE_MATCH / ID_MATCH suffix
     checks = (
-        (r"len\((?P<src>.+)\) == (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len({src})"),
-        (r"___check_type_id\((?P<src>.+), \d+\)", "type of {src} changed -> {now}", "type({src}).__name__"),
-        (r"___check_obj_id\((?P<src>.+), \d+\)", "{src} is a different object now", "None"),
-        (r"(?P<src>.+) is not None", "{src} became None", "None"),
-        (r"(?P<src>[A-Za-z_][\w.\[\]']*) == (?P<old>.+)", "value of {src} changed {old} -> {now}", "repr({src})"),
+        (r"len\((?P<src>.+)\) == (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len"),
+        (r"len\((?P<src>.+)\) != (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len"),  # a dict's
+        (r"not (?P<src>[A-Za-z_][\w.\[\]']*)", "length of {src} changed 0 -> {now}", "len"),
+        (r"___check_type_id\((?P<src>.+), \d+\)", "type of {src} changed -> {now}", "type"),
+        (r"___check_obj_id\((?P<src>.+), \d+\)", "{src} is a different object now", None),
+        (r"(?P<src>.+) is not None", "{src} became None", None),
+        (r"(?P<src>[A-Za-z_][\w.\[\]']*) == (?P<old>.+)", "value of {src} changed {old} -> {now}", "repr"),
     )
-    for pattern, template, now_expr in checks:
+    for pattern, template, now_kind in checks:
         match = re.fullmatch(pattern, code)
         if match:
             fields = match.groupdict()
-            now = _evaluate(now_expr.format(**fields), scope)
+            now = _now(now_kind, fields["src"], scope) if now_kind else ""
             return f"object {user_object(fields['src'])}: " + template.format(now=now, **fields)
-    found = next((m.group(0) for m in _PATH.finditer(code) if not m.group(0).startswith("___")
-                  and m.group(0) not in ("len", "not", "and", "or", "is", "None", "type", "isinstance")), None)
+    # The first path in the code that names something of the frame (not a builtin
+    # such as str or len).
+    found = next((m.group(0) for m in _PATH.finditer(code) if re.match(r"\w+", m.group(0)).group(0) in scope), None)
     if found is None:
         return None
-    return f"object {user_object(found)}: {code} no longer holds ({found} = {_evaluate(f'repr({found})', scope)})"
+    value = _resolve(found, scope)
+    shown = _UNAVAILABLE if value is _MISSING else _safe_repr(value)
+    return f"object {user_object(found)}: {code} no longer holds ({found} = {shown})"
 
 
 def annotate_recompile_reasons(reasons: Iterable[str], scope: dict[str, Any]) -> Iterator[str]:

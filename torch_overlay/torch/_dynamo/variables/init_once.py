@@ -48,33 +48,36 @@ class InlineInstead(Exception):
     """The call cannot be run for real soundly; trace it normally. The message says why."""
 
 
-def _is_constant_key(key: Any) -> bool:
-    return isinstance(key, (str, int, float, bool, type(None), torch.dtype, torch.device))
-
-
 def _step_source(source: Source, kind: str, key: Any) -> Source:
     if kind == "attr":
         return AttrSource(source, key)
     return GetItemSource(source, key) if isinstance(key, int) else DictGetItemSource(source, key)
 
 
-def _walk_tensors(value: Any, source: Source, seen: set[int]) -> Iterator[tuple[torch.Tensor, Source]]:
-    """Every tensor under `value` (dicts, lists, tuples) with the source Dynamo's
-    VariableBuilder gives it."""
-    if id(value) in seen:
-        return
-    seen.add(id(value))
-    if isinstance(value, torch.Tensor):
-        yield value, source
-    elif isinstance(value, dict):
+def _walk(value: Any, source: Source, seen: set[int]) -> Iterator[tuple[Any, Source]]:
+    """Every node of `value`'s pytree (dicts, lists, tuples, dict keys, leaves), with
+    the source Dynamo's VariableBuilder gives it; each container once, a leaf under
+    every source it has."""
+    from .constant import ConstantVariable
+
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+    yield value, source
+    if isinstance(value, dict):
+        # As VariableBuilder: keys are sources of their own unless all are constants.
+        const_keys = all(ConstantVariable.is_literal(k) for k in value)
         for index, (key, item) in enumerate(value.items()):
-            if isinstance(key, torch.Tensor):
-                yield key, ConstDictKeySource(source, index)
-            item_key = key if _is_constant_key(key) else ConstDictKeySource(source, index)
-            yield from _walk_tensors(item, DictGetItemSource(source, item_key), seen)
+            if const_keys:
+                item_key = key
+            else:
+                item_key = ConstDictKeySource(source, index)
+                yield from _walk(key, item_key, seen)
+            yield from _walk(item, DictGetItemSource(source, item_key), seen)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            yield from _walk_tensors(item, GetItemSource(source, index), seen)
+            yield from _walk(item, GetItemSource(source, index), seen)
 
 
 def _containers(value: Any, seen: set[int]) -> Iterator[Any]:
@@ -115,26 +118,10 @@ def _appended_only(container: Any, snapshot: list[Any]) -> bool:
 
 
 def _pytree_sources(value: Any, source: Source, found: dict[int, tuple[Any, Source]]) -> None:
-    """Every object of `value`'s pytree (dicts, lists, tuples, their keys and leaves)
-    with the source VariableBuilder gives it; the first source found wins."""
-    if id(value) in found:
-        return
-    found[id(value)] = (value, source)
-    if isinstance(value, dict):
-        from .constant import ConstantVariable
-
-        # As VariableBuilder: keys by value if all are constants, else by position.
-        all_const = all(ConstantVariable.is_literal(k) for k in value)
-        for index, (key, item) in enumerate(value.items()):
-            if all_const:
-                item_key: Any = key
-            else:
-                item_key = ConstDictKeySource(source, index)
-                _pytree_sources(key, item_key, found)
-            _pytree_sources(item, DictGetItemSource(source, item_key), found)
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _pytree_sources(item, GetItemSource(source, index), found)
+    """Add every object of `value`'s pytree to `found` with its source; the first
+    source found (over all calls with the same `found`) wins."""
+    for node, node_source in _walk(value, source, set()):
+        found.setdefault(id(node), (node, node_source))
 
 
 # Guards on a container itself that hold whatever items it has. Any other guard on it
@@ -532,8 +519,8 @@ class InitValuesOnceVariable(VariableTracker):
                 raise InlineInstead(f"guard {spec.text!r} does not resolve ({type(e).__name__}: {e})") from None
             roots.append((spec, value, source))
         # Lists first: a tensor reachable both from a list and as a dict key (a
-        # parameter in param_groups and in state) then gets the list source, whose
-        # grad is guarded by metadata instead of by identity.
+        # parameter in param_groups and in state) is then built from the list, and
+        # the key gets an `is` guard against that item instead of an ID_MATCH.
         def order(root: tuple[GuardSpec, Any, Source]) -> int:
             value = root[1]
             if isinstance(value, dict) and any(isinstance(k, torch.Tensor) for k in value):
@@ -576,19 +563,34 @@ class InitValuesOnceVariable(VariableTracker):
     def _install_guards(
         self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]
     ) -> dict[int, Source]:
-        """Guard every named input (post-call state); return the source of each tensor."""
+        """Guard every named input (post-call state) pytree-style, whether or not the
+        frame reads it later: the function may have iterated any of it. Return the
+        source of each tensor."""
+        from ..guards import GuardBuilder, install_guard
         from .lazy import LazyVariableTracker
 
         tensor_sources: dict[int, Source] = {}
-        grads_guarded: set[int] = set()
+        tensors: dict[int, tuple[torch.Tensor, GuardSpec]] = {}
         for spec, value, source in roots:
             with _label_guards(tx, self.entry, spec):
+                # Types, tensor metadata, values of leaves, and `is` guards for objects
+                # reachable twice.
                 LazyVariableTracker.realize_all(VariableTracker.build(tx, value, source))
-                for tensor, tensor_source in _walk_tensors(value, source, set()):
-                    known = tensor_sources.get(id(tensor))
-                    if known is None or (known.is_dict_key() and not tensor_source.is_dict_key()):
-                        tensor_sources[id(tensor)] = tensor_source
-                    self._guard_grad(tx, tensor, tensor_sources[id(tensor)], tensor_sources, grads_guarded)
+                for node, node_source in _walk(value, source, set()):
+                    if isinstance(node, dict):
+                        _guard_dict_keys(tx, node, node_source)
+                    elif isinstance(node, (list, tuple)):
+                        install_guard(node_source.make_guard(GuardBuilder.SEQUENCE_LENGTH))
+                    elif isinstance(node, torch.Tensor):
+                        known = tensor_sources.get(id(node))
+                        if known is None or (known.is_dict_key() and not node_source.is_dict_key()):
+                            # A dict key is matched by identity: prefer any other source.
+                            tensor_sources[id(node)] = node_source
+                            tensors[id(node)] = (node, spec)
+        # Grads once every tensor has its preferred source.
+        for tensor, spec in tensors.values():
+            with _label_guards(tx, self.entry, spec):
+                self._guard_grad(tx, tensor, tensor_sources[id(tensor)], tensor_sources)
         return tensor_sources
 
     @staticmethod
@@ -597,19 +599,13 @@ class InitValuesOnceVariable(VariableTracker):
         tensor: torch.Tensor,
         source: Source,
         tensor_sources: dict[int, Source],
-        grads_guarded: set[int],
     ) -> None:
-        """Guard grad presence, and the grad's metadata when present."""
+        """Guard grad presence, and the grad's metadata when present: of every tensor
+        (``.grad`` can be set on one that does not require grad), also under a dict-key
+        source, where only the key is matched by identity: a grad (GradSource) gets
+        TENSOR_MATCH like any other (``match_on_id_for_tensor``)."""
         from ..guards import GuardBuilder, install_guard
 
-        if id(tensor) in grads_guarded or not (tensor.requires_grad or tensor.grad is not None):
-            return
-        if source.is_dict_key():
-            # Dict keys are matched by identity; a grad under such a source would be
-            # too (and fail whenever grads are re-allocated). The tensor's list source,
-            # when it has one, guards the grad instead.
-            return
-        grads_guarded.add(id(tensor))
         grad_source = GradSource(source, "grad")
         if tensor.grad is None:
             install_guard(grad_source.make_guard(GuardBuilder.CONSTANT_MATCH))
@@ -665,6 +661,20 @@ class InitValuesOnceVariable(VariableTracker):
             return SourcelessBuilder.create(tx, value)
         except Exception:
             raise InlineInstead(f"it returned a {type(value).__name__}, which has no source") from None
+
+
+def _guard_dict_keys(tx: "InstructionTranslatorBase", value: dict[Any, Any], source: Source) -> None:
+    """A dict's keys and their order, as tracing an iteration over it guards them."""
+    from ..guards import GuardBuilder, install_guard
+
+    tx.output.guard_on_key_order.add(source)
+    if value and all(isinstance(k, torch.Tensor) for k in value):
+        # Already guarded: with its key order guarded the dict's node is a
+        # DictGuardManager, which checks the length, and realizing the dict gave each
+        # key an identity guard (ID_MATCH, or `is` against the same tensor's other
+        # source). DICT_KEYS_MATCH would add a second ID_MATCH per key.
+        return
+    install_guard(source.make_guard(GuardBuilder.DICT_KEYS_MATCH))
 
 
 @contextlib.contextmanager
