@@ -1,6 +1,8 @@
 """Print the hook-pattern matrices of test/dynamo/test_hook_residuals.py (tensor
-hooks) and test_module_hook_residuals.py (row 8: nn.Module forward / forward-pre
-hooks registered inside the frame) for this torch.
+hooks; row 9: remove() of a handle from outside the frame, one per RemovableHandle
+producer, then code that would run the hook) and test_module_hook_residuals.py
+(row 8: nn.Module forward / forward-pre hooks registered inside the frame) for
+this torch.
 
 Run with a stock and a patched interpreter to compare:
     /tmp/stock/bin/python scripts/hook_matrix.py
@@ -61,6 +63,20 @@ def module_cell(case, mode):
     return f"{frames}/{breaks}/{fallbacks} {ok}"
 
 
+def removal_cell(kind, mode):
+    expected = t.run_removal_protocol(kind, t.remove_then(kind))
+    try:
+        seen, frames, breaks, fallbacks = t.run_removal_compiled(kind, mode)
+    except Exception as e:  # noqa: BLE001
+        return f"crash {type(e).__name__}"
+    try:
+        torch.testing.assert_close(seen, expected)
+        ok = "ok"
+    except Exception:  # noqa: BLE001
+        ok = "WRONG"
+    return f"{frames}/{sum(breaks.values())}/{fallbacks} {ok}"
+
+
 def main():
     torch._logging.set_logs(dynamo=50)
     print(f"torch {torch.__version__}")
@@ -74,6 +90,12 @@ def main():
     print("|---|" + "---|" * len(mt.MODES))
     for case in mt.CASES:
         print(f"| {case} | " + " | ".join(module_cell(case, m) for m in mt.MODES) + " |")
+    print()
+    print("Row 9, remove() of a handle from outside the frame, then code that would run the hook:")
+    print("| kind | " + " | ".join(t.MODES) + " |")
+    print("|---|" + "---|" * len(t.MODES))
+    for kind in t.REMOVAL_KINDS:
+        print(f"| {kind} | " + " | ".join(removal_cell(kind, m) for m in t.MODES) + " |")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,21 @@ eager backend, aot_eager, and aot_eager under compiled autograd): call twice; af
 each call count the hooks on the input, the returned tensors and the parameters,
 run backward, record gradients and how often hooks fired, then remove() every
 handle the call returned or stored and count the hooks again.
+
+The removal cases (REMOVAL_KINDS) register a hook before each of three calls and
+pass its handle in; the frame removes it, then runs code that would run the hook.
+After each call and after backward: outputs, gradients, how often the removed
+hook ran and the hooks left in the handle's dicts.
 """
+
+import collections
+import io
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
+import torch.nn.modules.module as module_globals
+import torch.optim.optimizer as optimizer_globals
 from torch._dynamo import compiled_autograd
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import counters
@@ -325,6 +335,446 @@ def run_compiled(fn, mode, remove_first):
     return seen, cnt.frame_count, breaks, fallbacks
 
 
+# remove() of a handle from outside the frame, for every RemovableHandle producer
+# in torch 2.13, then code in the same frame that would run (or read) the hook.
+# Not here: torch.autograd.function._HookMixin._register_hook (the legacy path of
+# Node hooks), torch._dynamo.convert_frame.register_bytecode_hook (run by the
+# compiler, not by the frame), torch.package.PackageExporter's extern / mock /
+# intern hooks (not traced) and torch._dynamo.utils.invalid_removeable_handle
+# (a handle of no dict).
+# How often removed hooks ran, counted in a tensor (no guard of its own).
+REMOVED_FIRED = torch.zeros(1)
+
+
+def _fired():
+    REMOVED_FIRED.add_(1)
+
+
+def r_grad_hook(g):
+    _fired()
+    return g * 2
+
+
+def r_post_accumulate(p):
+    _fired()
+
+
+def r_node_hook(grad_inputs, grad_outputs):
+    _fired()
+
+
+def r_node_prehook(grad_outputs):
+    _fired()
+    return (grad_outputs[0] * 2,)
+
+
+def r_forward_pre(mod, args):
+    _fired()
+    return (args[0] * 2,)
+
+
+def r_forward_pre_kwargs(mod, args, kwargs):
+    _fired()
+    return (args[0] * 2,), kwargs
+
+
+def r_forward(mod, args, out):
+    _fired()
+    return out + 1
+
+
+def r_backward(mod, grad_input, grad_output):
+    _fired()
+
+
+def r_backward_pre(mod, grad_output):
+    _fired()
+
+
+def r_state_dict_pre(mod, prefix, keep_vars):
+    _fired()
+
+
+def r_state_dict_post(mod, state_dict, prefix, local_metadata):
+    _fired()
+    state_dict["removed_hook_ran"] = torch.ones(1)
+
+
+def r_state_dict_hook_private(mod, state_dict, prefix, local_metadata):
+    _fired()
+    state_dict["removed_hook_ran"] = torch.ones(1)
+
+
+def r_load_state_dict_pre(mod, state_dict, *args):
+    _fired()
+
+
+def r_load_state_dict_post(mod, incompatible_keys):
+    _fired()
+
+
+def r_registration(mod, name, value):
+    _fired()
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return value * 2
+
+
+def r_step_hook(opt, args, kwargs):
+    _fired()
+
+
+def r_optimizer_hook(opt, *args):
+    _fired()
+
+
+def r_registry_fn(x):
+    _fired()
+    return x * 2
+
+
+class RemovalState:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 3)
+        for p in self.lin.parameters():
+            p.grad = torch.ones_like(p)
+        self.opt = torch.optim.SGD(self.lin.parameters(), lr=0.1)
+        self.lin_state = {k: v.detach().clone() for k, v in self.lin.state_dict().items()}
+        self.opt_state = self.opt.state_dict()
+        self.buf = torch.ones(3)
+        self.param = torch.nn.Parameter(torch.ones(3))
+        self.sub = torch.nn.Identity()
+        self.registry = collections.OrderedDict()
+        self.y = None
+
+
+def node_input(s, x, prehook=False):
+    # y is a non-leaf input of the frame: backward runs its grad_fn's hooks.
+    s.y = x * 1
+    fn = s.y.grad_fn
+    return fn.register_prehook(r_node_prehook) if prehook else fn.register_hook(r_node_hook)
+
+
+def registry_handle(s, x):
+    # A RemovableHandle over a user's own registry.
+    h = RemovableHandle(s.registry)
+    s.registry[h.id] = r_registry_fn
+    return h
+
+
+def call_lin(s, x):
+    return s.lin(x)
+
+
+def run_registry(s, x):
+    for fn in s.registry.values():
+        x = fn(x)
+    return x * 1
+
+
+def step(s, x):
+    s.opt.step()
+    return x + s.lin.weight.sum()
+
+
+# kind -> (register the hook before the frame: make(s, x) -> handle,
+#          code after remove() in the frame: later(s, x) -> tensor)
+REMOVAL_KINDS = {
+    "tensor_hook": (lambda s, x: x.register_hook(r_grad_hook), lambda s, x: x * 2),
+    "post_accumulate_grad_hook": (
+        lambda s, x: s.lin.weight.register_post_accumulate_grad_hook(r_post_accumulate),
+        call_lin,
+    ),
+    "node_hook": (node_input, lambda s, x: s.y * 2),
+    "node_prehook": (
+        lambda s, x: node_input(s, x, prehook=True),
+        lambda s, x: s.y * 2,
+    ),
+    "module_forward_pre_hook": (
+        lambda s, x: s.lin.register_forward_pre_hook(r_forward_pre),
+        call_lin,
+    ),
+    "module_forward_pre_hook_with_kwargs": (
+        lambda s, x: s.lin.register_forward_pre_hook(
+            r_forward_pre_kwargs, with_kwargs=True
+        ),
+        call_lin,
+    ),
+    "module_forward_hook": (
+        lambda s, x: s.lin.register_forward_hook(r_forward, always_call=True),
+        call_lin,
+    ),
+    "module_full_backward_hook": (
+        lambda s, x: s.lin.register_full_backward_hook(r_backward),
+        call_lin,
+    ),
+    "module_full_backward_pre_hook": (
+        lambda s, x: s.lin.register_full_backward_pre_hook(r_backward_pre),
+        call_lin,
+    ),
+    "module_backward_hook": (
+        lambda s, x: s.lin.register_backward_hook(r_backward),
+        call_lin,
+    ),
+    "global_forward_pre_hook": (
+        lambda s, x: module_globals.register_module_forward_pre_hook(r_forward_pre),
+        call_lin,
+    ),
+    "global_forward_hook": (
+        lambda s, x: module_globals.register_module_forward_hook(r_forward),
+        call_lin,
+    ),
+    "global_full_backward_hook": (
+        lambda s, x: module_globals.register_module_full_backward_hook(r_backward),
+        call_lin,
+    ),
+    "global_full_backward_pre_hook": (
+        lambda s, x: module_globals.register_module_full_backward_pre_hook(
+            r_backward_pre
+        ),
+        call_lin,
+    ),
+    "global_backward_hook": (
+        lambda s, x: module_globals.register_module_backward_hook(r_backward),
+        call_lin,
+    ),
+    "global_buffer_registration_hook": (
+        lambda s, x: module_globals.register_module_buffer_registration_hook(
+            r_registration
+        ),
+        lambda s, x: (s.lin.register_buffer("extra", s.buf), x + s.lin.extra)[1],
+    ),
+    "global_parameter_registration_hook": (
+        lambda s, x: module_globals.register_module_parameter_registration_hook(
+            r_registration
+        ),
+        lambda s, x: (s.lin.register_parameter("extra", s.param), x * 2)[1],
+    ),
+    "global_module_registration_hook": (
+        lambda s, x: module_globals.register_module_module_registration_hook(
+            r_registration
+        ),
+        lambda s, x: (s.lin.add_module("sub", s.sub), x * 2)[1],
+    ),
+    "state_dict_pre_hook": (
+        lambda s, x: s.lin.register_state_dict_pre_hook(r_state_dict_pre),
+        lambda s, x: x * len(s.lin.state_dict()),
+    ),
+    "state_dict_post_hook": (
+        lambda s, x: s.lin.register_state_dict_post_hook(r_state_dict_post),
+        lambda s, x: x * len(s.lin.state_dict()),
+    ),
+    "state_dict_hook_private": (
+        lambda s, x: s.lin._register_state_dict_hook(r_state_dict_hook_private),
+        lambda s, x: x * len(s.lin.state_dict()),
+    ),
+    "load_state_dict_pre_hook": (
+        lambda s, x: s.lin.register_load_state_dict_pre_hook(r_load_state_dict_pre),
+        lambda s, x: (s.lin.load_state_dict(s.lin_state), x * 2)[1],
+    ),
+    "load_state_dict_post_hook": (
+        lambda s, x: s.lin.register_load_state_dict_post_hook(r_load_state_dict_post),
+        lambda s, x: (s.lin.load_state_dict(s.lin_state), x * 2)[1],
+    ),
+    "optimizer_step_pre_hook": (
+        lambda s, x: s.opt.register_step_pre_hook(r_step_hook),
+        step,
+    ),
+    "optimizer_step_post_hook": (
+        lambda s, x: s.opt.register_step_post_hook(r_step_hook),
+        step,
+    ),
+    "global_optimizer_step_pre_hook": (
+        lambda s, x: optimizer_globals.register_optimizer_step_pre_hook(r_step_hook),
+        step,
+    ),
+    "global_optimizer_step_post_hook": (
+        lambda s, x: optimizer_globals.register_optimizer_step_post_hook(r_step_hook),
+        step,
+    ),
+    "optimizer_state_dict_pre_hook": (
+        lambda s, x: s.opt.register_state_dict_pre_hook(r_optimizer_hook),
+        lambda s, x: x * len(s.opt.state_dict()),
+    ),
+    "optimizer_state_dict_post_hook": (
+        lambda s, x: s.opt.register_state_dict_post_hook(r_optimizer_hook),
+        lambda s, x: x * len(s.opt.state_dict()),
+    ),
+    "optimizer_load_state_dict_pre_hook": (
+        lambda s, x: s.opt.register_load_state_dict_pre_hook(r_optimizer_hook),
+        lambda s, x: (s.opt.load_state_dict(s.opt_state), x * 2)[1],
+    ),
+    "optimizer_load_state_dict_post_hook": (
+        lambda s, x: s.opt.register_load_state_dict_post_hook(r_optimizer_hook),
+        lambda s, x: (s.opt.load_state_dict(s.opt_state), x * 2)[1],
+    ),
+    "user_registry": (registry_handle, run_registry),
+}
+
+
+USER_BREAK = "Call to `torch._dynamo.graph_break()`"
+READS = "RemovableHandle.remove() of a hook whose hooks dict the frame reads"
+FORWARD = "RemovableHandle.remove() of a module forward hook"
+
+
+def in_every_mode(frames, breaks, fallbacks=0):
+    return {mode: (frames, breaks, fallbacks) for mode in MODES}
+
+
+# kind -> mode -> (frames compiled, graph breaks by type, silent fallbacks) over
+# three calls.
+REMOVAL_EXPECTED = {
+    # Backward runs these hooks, outside the frame: nothing traced in the frame
+    # reads their dicts, so remove() is replayed after the graph.
+    "tensor_hook": in_every_mode(1, {}),
+    "post_accumulate_grad_hook": in_every_mode(1, {}),
+    "node_hook": in_every_mode(1, {}),
+    "node_prehook": in_every_mode(1, {}),
+    # Module.__call__ reads these dicts: remove() runs eagerly at a graph break
+    # and the module call is traced in the resume function. Without this fix,
+    # the traced call of a global forward-pre hook ran the removed hook, and
+    # one with (full) backward hooks replayed them through the dict entry the
+    # replayed remove() had deleted: KeyError, or under compiled autograd the
+    # removed hook ran in backward.
+    "module_forward_pre_hook": in_every_mode(1, {FORWARD: 1}),
+    "module_forward_pre_hook_with_kwargs": in_every_mode(1, {FORWARD: 1}),
+    "module_forward_hook": in_every_mode(1, {FORWARD: 1}),
+    "module_full_backward_hook": in_every_mode(1, {READS: 1}),
+    "module_full_backward_pre_hook": in_every_mode(1, {READS: 1}),
+    "module_backward_hook": in_every_mode(1, {READS: 1}),
+    "global_forward_pre_hook": in_every_mode(1, {READS: 1}),
+    "global_forward_hook": in_every_mode(1, {FORWARD: 1}),
+    "global_full_backward_hook": in_every_mode(1, {READS: 1}),
+    "global_full_backward_pre_hook": in_every_mode(1, {READS: 1}),
+    "global_backward_hook": in_every_mode(1, {READS: 1}),
+    # register_buffer / register_parameter / add_module read the global
+    # registration hooks. The first call adds the attribute: the resume function
+    # recompiles once.
+    "global_buffer_registration_hook": in_every_mode(2, {READS: 1}),
+    "global_parameter_registration_hook": in_every_mode(2, {READS: 1}),
+    "global_module_registration_hook": in_every_mode(2, {READS: 1}),
+    "state_dict_pre_hook": in_every_mode(1, {READS: 1}),
+    "state_dict_post_hook": in_every_mode(1, {READS: 1}),
+    "state_dict_hook_private": in_every_mode(1, {READS: 1}),
+    # load_state_dict breaks the graph and runs a frame eagerly (as stock)
+    # before it reads the post hooks, not before the pre hooks.
+    "load_state_dict_pre_hook": in_every_mode(
+        1,
+        {
+            READS: 1,
+            "torch.* op returned non-Tensor": 1,
+            "Missing bytecode handler": 1,
+        },
+        fallbacks=1,
+    ),
+    "load_state_dict_post_hook": in_every_mode(
+        1,
+        {"torch.* op returned non-Tensor": 1, "Missing bytecode handler": 1},
+        fallbacks=1,
+    ),
+    # Optimizer.step reads the pre hooks before its own graph break
+    # (_use_grad_for_differentiable), the post hooks after it.
+    "optimizer_step_pre_hook": in_every_mode(3, {READS: 1, USER_BREAK: 1}),
+    "optimizer_step_post_hook": in_every_mode(3, {USER_BREAK: 1}),
+    "global_optimizer_step_pre_hook": in_every_mode(3, {READS: 1, USER_BREAK: 1}),
+    "global_optimizer_step_post_hook": in_every_mode(3, {USER_BREAK: 1}),
+    # Optimizer.state_dict / load_state_dict are not traced (as stock).
+    **{
+        kind: in_every_mode(1, {"Attempted to inline function marked as skipped": 1})
+        for kind in (
+            "optimizer_state_dict_pre_hook",
+            "optimizer_state_dict_post_hook",
+            "optimizer_load_state_dict_pre_hook",
+            "optimizer_load_state_dict_post_hook",
+        )
+    },
+    "user_registry": in_every_mode(1, {READS: 1}),
+}
+
+
+def hook_names(h):
+    dicts = [h.hooks_dict_ref(), *(ref() for ref in h.extra_dict_ref)]
+    return [
+        None if d is None else [getattr(v, "__name__", v) for v in d.values()]
+        for d in dicts
+    ]
+
+
+def run_removal_protocol(kind, fn, compiled_autograd_backend=None, calls=3):
+    """Per call: a new hook and handle, fn(s, x, h) removes it and runs the later
+    code; record the output, the removed hook's runs and the handle's hooks
+    dicts, then backward (which runs tensor, Node and module backward hooks)."""
+    make, _ = REMOVAL_KINDS[kind]
+    REMOVED_FIRED.zero_()
+    s = RemovalState()
+    full_backward = module_globals._global_is_full_backward_hook
+    handles = []
+    seen = []
+    try:
+        for _ in range(calls):
+            x = torch.randn(2, 3, requires_grad=True)
+            h = make(s, x)
+            handles.append(h)
+            out = fn(s, x, h)
+            record = {
+                "out": out.detach().clone(),
+                "fired": REMOVED_FIRED.item(),
+                "hooks after call": hook_names(h),
+            }
+            x.grad = None
+            s.lin.zero_grad(set_to_none=True)
+            if out.requires_grad:
+                if compiled_autograd_backend is None:
+                    out.sum().backward()
+                else:
+                    with compiled_autograd._enable(compiled_autograd_backend):
+                        out.sum().backward()
+            record["grads"] = [
+                None if t.grad is None else t.grad.clone()
+                for t in [x, *s.lin.parameters()]
+            ]
+            record["fired after backward"] = REMOVED_FIRED.item()
+            record["hooks after backward"] = hook_names(h)
+            seen.append(record)
+    finally:
+        for h in handles:
+            h.remove()
+        module_globals._global_is_full_backward_hook = full_backward
+    return seen
+
+
+def remove_then(kind):
+    _, later = REMOVAL_KINDS[kind]
+
+    def fn(s, x, h):
+        h.remove()
+        return later(s, x)
+
+    return fn
+
+
+def run_removal_compiled(kind, mode, calls=3):
+    """(observations, frames compiled, graph breaks by type, silent fallbacks)."""
+    torch._dynamo.reset()
+    counters.clear()
+    if mode == "eager":
+        cnt = CompileCounter()
+    else:
+        cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(remove_then(kind), backend=cnt)
+    if mode == "compiled_autograd":
+        backend = torch.compile(backend="aot_eager")
+        with compiled_autograd._enable(backend):
+            seen = run_removal_protocol(kind, compiled, backend, calls)
+    else:
+        seen = run_removal_protocol(kind, compiled, calls=calls)
+    breaks = collections.Counter()
+    for msg, n in counters["graph_break"].items():
+        breaks[msg.split("\n")[0]] += n
+    fallbacks = sum(counters["unimplemented"].values())
+    return seen, cnt.frame_count, dict(breaks), fallbacks
+
+
 class HookResidualsTests(torch._dynamo.test_case.TestCase):
     @parametrize("mode", MODES)
     @parametrize("case", list(CASES))
@@ -446,6 +896,157 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
         torch.compile(fn, backend="aot_eager")(x, h)
         self.assertEqual(num_hooks(x), 0)
         self.assertEqual(sum(counters["graph_break"].values()), 1)
+
+    @parametrize("mode", MODES)
+    @parametrize("kind", list(REMOVAL_KINDS))
+    def test_removal_matches_eager(self, kind, mode):
+        # Compiled: the same outputs, gradients, removed-hook runs and hooks
+        # dicts as eager after every call.
+        expected = run_removal_protocol(kind, remove_then(kind))
+        seen, frames, breaks, fallbacks = run_removal_compiled(kind, mode)
+        self.assertEqual(seen, expected)
+        self.assertEqual((frames, breaks, fallbacks), REMOVAL_EXPECTED[kind][mode])
+
+    def test_removal_matches_eager_without_nested_graph_breaks(self):
+        # The test case turns nested graph breaks on; by default a graph break
+        # inside an inlined call breaks at the call in the compiled frame.
+        kinds = [k for k, e in REMOVAL_EXPECTED.items() if READS in e["eager"][1]]
+        with torch._dynamo.config.patch(nested_graph_breaks=False):
+            for kind in kinds:
+                expected = run_removal_protocol(kind, remove_then(kind))
+                seen, _, breaks, _ = run_removal_compiled(kind, "eager")
+                self.assertEqual(seen, expected, kind)
+                self.assertEqual(breaks.get(READS), 1, kind)
+
+    def test_removed_closure_hook_is_not_reconstructed(self):
+        # A global forward-pre hook counting its calls in a closure cell: traced
+        # into the module call, its cell update was replayed through the hooks
+        # dict entry the replayed remove() had deleted (KeyError after the
+        # graph ran). Now remove() breaks the graph and the hook does not run.
+        lin = torch.nn.Linear(3, 3)
+        x = torch.randn(2, 3)
+
+        def make_hook():
+            calls = 0
+
+            def hook(mod, args):
+                nonlocal calls
+                calls += 1
+                return (args[0] * 2,)
+
+            return hook, lambda: calls
+
+        def fn(x, h):
+            h.remove()
+            return lin(x)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        for _ in range(2):
+            hook, calls = make_hook()
+            h = module_globals.register_module_forward_pre_hook(hook)
+            try:
+                self.assertEqual(compiled(x, h), lin(x))
+            finally:
+                h.remove()
+            self.assertEqual(calls(), 0)
+            self.assertEqual(len(module_globals._global_forward_pre_hooks), 0)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(
+            [msg.split("\n")[0] for msg in counters["graph_break"]], [READS]
+        )
+
+    def test_removal_after_a_read_breaks(self):
+        # The hooks dict was read before remove(): later reads reuse what was
+        # traced there, so remove() breaks the graph at once. Eager runs the
+        # hook in the first call of the module only.
+        lin = torch.nn.Linear(3, 3)
+        x = torch.randn(2, 3)
+
+        def fn(x, h):
+            y = lin(x)
+            h.remove()
+            return lin(y)
+
+        def run(f):
+            REMOVED_FIRED.zero_()
+            h = module_globals.register_module_forward_pre_hook(r_forward_pre)
+            try:
+                out = f(x, h)
+            finally:
+                h.remove()
+            return out, REMOVED_FIRED.item()
+
+        expected = run(fn)
+        cnt = CompileCounter()
+        self.assertEqual(run(torch.compile(fn, backend=cnt)), expected)
+        self.assertEqual(expected[1], 1)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(
+            [msg.split("\n")[0] for msg in counters["graph_break"]], [READS]
+        )
+
+    def test_removal_guards_handle_dicts_against_reads(self):
+        # Compiled with a tensor hook handle (removal replayed after the graph)
+        # while a global forward-pre hook runs in the module call; then called
+        # with that global hook's handle: the compiled code read its dict, so
+        # the guard fails and the retrace breaks the graph at remove().
+        lin = torch.nn.Linear(3, 3)
+        x = torch.randn(2, 3, requires_grad=True)
+
+        def fn(x, h):
+            h.remove()
+            return lin(x)
+
+        failures = []
+        cnt = CompileCounter()
+        compiled = torch._dynamo.optimize(cnt, guard_fail_fn=failures.append)(fn)
+        REMOVED_FIRED.zero_()
+        g = module_globals.register_module_forward_pre_hook(r_forward_pre)
+        try:
+            t = x.register_hook(r_grad_hook)
+            linear = torch.nn.functional.linear
+            self.assertEqual(compiled(x, t), linear(x * 2, lin.weight, lin.bias))
+            guards = torch._dynamo.explain_guards(
+                compiled, full=True, file=io.StringIO()
+            )
+            self.assertEqual(guards.count("LAMBDA_GUARD: ___hooks_dicts_unobserved"), 1)
+            self.assertEqual(x._backward_hooks, {})
+            self.assertEqual(REMOVED_FIRED.item(), 1)
+            self.assertEqual(sum(counters["graph_break"].values()), 0)
+            self.assertEqual(compiled(x, g), linear(x, lin.weight, lin.bias))
+            self.assertEqual(REMOVED_FIRED.item(), 1)
+            self.assertEqual(len(module_globals._global_forward_pre_hooks), 0)
+        finally:
+            g.remove()
+        self.assertEqual(len(failures), 1)
+        self.assertEqual(
+            failures[0].reason,
+            "0/0: ___hooks_dicts_unobserved(h, (G['__import_torch_dot_nn_dot_"
+            "modules_dot_module']._global_forward_pre_hooks,))",
+        )
+        self.assertEqual(
+            [msg.split("\n")[0] for msg in counters["graph_break"]], [READS]
+        )
+
+    def test_removal_without_a_read_is_deferred(self):
+        # Nothing in the frame reads the state-dict hooks: remove() is
+        # replayed after the graph, no graph break, and a new handle each call
+        # does not recompile.
+        lin = torch.nn.Linear(3, 3)
+        x = torch.randn(2, 3)
+
+        def fn(x, h):
+            h.remove()
+            return lin(x)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        for _ in range(3):
+            h = lin.register_state_dict_pre_hook(r_state_dict_pre)
+            self.assertEqual(compiled(x, h), lin(x))
+            self.assertEqual(len(lin._state_dict_pre_hooks), 0)
+        self.assertEqual(cnt.frame_count, 1)
 
     def test_config_off_keeps_stock_behaviour(self):
         x = torch.randn(2, 3, requires_grad=True)

@@ -11,7 +11,14 @@ frame run eagerly, or crash:
   registering again, a live handle passed to a resume function).
   ``InputHandleVariable`` wraps them with a TYPE_MATCH guard: only the type
   matters, because ``remove()`` is replayed at runtime on whatever handle the
-  source yields, after the graph, like the registrations.
+  source yields, after the graph, like the registrations. That is exact only
+  while nothing traced in the frame reads the handle's hooks dicts: a tensor's
+  or autograd Node's hooks run in backward, outside the frame, but
+  ``Module.__call__`` reads the global module hooks, ``state_dict()`` its
+  state-dict hooks, ``register_buffer()`` the global registration hooks, and
+  user code its own registries. So a removal is deferred only when no such
+  read happens in the frame (see [Deferred removals] below); otherwise it
+  runs eagerly at a graph break.
 
 * Handles of hooks on intermediates, which stock Dynamo traces into the graph
   (``register_hook_op``, or the compiled-autograd trampoline) with no runtime
@@ -45,8 +52,8 @@ from torch.utils.hooks import RemovableHandle
 from .. import graph_break_hints
 from ..bytecode_transformation import create_call_function
 from ..exc import RestartAnalysis, unimplemented
-from ..guards import GuardBuilder, install_guard
-from ..source import AttrSource
+from ..guards import _get_closure_vars, GuardBuilder, install_guard
+from ..source import AttrSource, Source
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
 from .user_defined import RemovableHandleVariable
@@ -63,14 +70,54 @@ TRACE = "trace"
 GRAPH_BREAK = "graph_break"
 
 
+# Note [Deferred removals]
+# remove() of a handle from outside the frame is replayed after the graph. Until
+# then, code traced in the frame must not read the handle's hooks dicts, or it
+# sees (and runs) the removed hook. Every read of an existing object goes
+# through VariableBuilder, which calls check_hooks_dict_read: if the object is
+# the hooks dict of a handle whose removal is deferred, the trace restarts and
+# breaks the graph at that remove() instead, so that it runs eagerly and later
+# code is traced in the resume function. A dict read before the remove() is
+# already tracked by SideEffects (later reads reuse its VariableTracker): the
+# graph breaks at remove() directly. Module forward / forward-pre hook dicts are
+# read outside VariableBuilder (NNModuleHooksDictVariable): removing such a
+# handle always breaks the graph (its extra dicts tell it apart, guarded).
+#
+# Which dicts the trace read depends on the handle seen while tracing; another
+# call may pass a handle whose dicts the compiled code read (a global hook's,
+# after a tensor hook's). A guard checks that the handle's dicts are none of
+# the non-empty, int-keyed (hook-id keyed) dicts the trace read.
+
+
+def call_site(tx: "InstructionTranslatorBase") -> tuple[Any, ...]:
+    """The instruction being traced, with those of the calls inlining it:
+    the same across restarts of the trace."""
+    site = []
+    cur: Any = tx
+    while cur is not None:
+        site.append((cur.f_code, cur.current_instruction.offset))
+        cur = cur.parent
+    return tuple(site)
+
+
 class InputHandleVariable(RemovableHandleVariable):
     """A RemovableHandle that exists before the frame runs (it has a source)."""
 
-    def __init__(self, num_extra_dicts: int, **kwargs: Any) -> None:
+    _nonvar_fields = {"site", *RemovableHandleVariable._nonvar_fields}
+
+    def __init__(self, value: RemovableHandle, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # The handle seen while tracing: its hooks dicts are the ones whose
+        # reads must come before a deferred remove().
+        self.value = value
         # Module forward/forward-pre hook handles carry extra dicts; the hooks
         # they remove are inlined by Dynamo when the module is called.
-        self.num_extra_dicts = num_extra_dicts
+        self.num_extra_dicts = len(value.extra_dict_ref)
+        self.site: tuple[Any, ...] | None = None
+        self.guarded_unobserved = False
+
+    def hooks_dicts(self) -> list[Any]:
+        return hooks_dicts_of(self.value)
 
     def call_method(
         self,
@@ -98,24 +145,100 @@ class InputHandleVariable(RemovableHandleVariable):
                     "frame could run a removed hook in this frame.",
                     hints=[*graph_break_hints.SUPPORTABLE],
                 )
-            removals = tx.output.side_effects.handle_removals
-            if self not in removals:
-                removals.append(self)
+            side_effects = tx.output.side_effects
+            self.site = call_site(tx)
+            if self.site in tx.speculation_log.eager_handle_removals or any(
+                d in side_effects for d in self.hooks_dicts()
+            ):
+                unimplemented(
+                    gb_type="RemovableHandle.remove() of a hook whose hooks dict the frame reads",
+                    context=f"{self.source.name}.remove()",
+                    explanation="The handle comes from outside the frame, and code "
+                    "traced in the same frame reads its hooks dict (e.g. "
+                    "Module.__call__ the global module hooks, state_dict() the "
+                    "state-dict hooks). Dynamo replays such a remove() after the "
+                    "graph, so that code would still see the removed hook: the "
+                    "removal runs eagerly at a graph break instead.",
+                    hints=[
+                        "Remove the hook outside the compiled function, or read "
+                        "its hooks in another function.",
+                    ],
+                )
+            if self not in side_effects.handle_removals:
+                side_effects.handle_removals.append(self)
             return ConstantVariable.create(None)
         return super().call_method(tx, name, args, kwargs)
 
 
+def hooks_dicts_of(handle: RemovableHandle) -> list[Any]:
+    refs = (handle.hooks_dict_ref, *handle.extra_dict_ref)
+    return [d for d in (ref() for ref in refs) if d is not None]
+
+
 def wrap_input_handle(builder: Any, value: RemovableHandle) -> VariableTracker:
     install_guard(builder.source.make_guard(GuardBuilder.TYPE_MATCH))
-    return InputHandleVariable(
-        num_extra_dicts=len(value.extra_dict_ref),
-        source=builder.source,
-    )
+    return InputHandleVariable(value, source=builder.source)
+
+
+def check_hooks_dict_read(tx: "InstructionTranslatorBase", value: object) -> None:
+    """VariableBuilder is about to represent value: if it is the hooks dict of a
+    handle whose removal is deferred, restart and break the graph at remove()."""
+    if not isinstance(value, dict):
+        return
+    for handle in tx.output.side_effects.handle_removals:
+        if any(d is value for d in handle.hooks_dicts()):
+            tx.speculation_log.eager_handle_removals.add(handle.site)
+            # The graph break changes which instructions are traced.
+            tx.speculation_log.clear()
+            raise RestartAnalysis(
+                restart_reason=f"hooks dict of {handle.source.name} read after "
+                "its remove()"
+            )
+
+
+def hooks_dicts_unobserved(handle: Any, observed: tuple[Any, ...]) -> bool:
+    """Guard: none of the handle's hooks dicts is a dict the trace read."""
+    return not any(d is o for d in hooks_dicts_of(handle) for o in observed)
+
+
+def _guard_removal_unobserved(
+    handle: VariableTracker, observed: list[Source]
+) -> None:
+    def HOOKS_DICTS_UNOBSERVED(builder: Any, guard: Any) -> None:
+        dicts = ", ".join(builder.arg_ref(s.name) for s in observed)
+        code = f"___hooks_dicts_unobserved({builder.arg_ref(guard)}, ({dicts},))"
+        builder.add_python_lambda_leaf_guard_to_root(
+            [code],
+            [code],
+            closure_vars={
+                **_get_closure_vars(),
+                "___hooks_dicts_unobserved": hooks_dicts_unobserved,
+            },
+        )
+
+    install_guard(handle.source.make_guard(HOOKS_DICTS_UNOBSERVED))
 
 
 def codegen_handle_removals(
     handle_removals: list[VariableTracker], cg: "PyCodegen"
 ) -> None:
+    unguarded = [h for h in handle_removals if not h.guarded_unobserved]
+    if unguarded:
+        side_effects = cg.tx.output.side_effects
+        # Dicts a hook id can be a key of: see [Deferred removals].
+        observed = [
+            side_effects[obj].source
+            for obj in side_effects.keepalive
+            if isinstance(obj, dict)
+            and obj in side_effects
+            and side_effects[obj].source is not None
+            and any(type(k) is int for k in obj)
+        ]
+        for handle in unguarded:
+            # Once, though the suffix is generated twice.
+            handle.guarded_unobserved = True
+            if observed:
+                _guard_removal_unobserved(handle, observed)
     for handle in handle_removals:
         cg(handle)
         cg.load_method("remove")

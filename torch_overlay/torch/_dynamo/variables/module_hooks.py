@@ -70,6 +70,7 @@ from ..source import AttrSource, ConstDictKeySource, DictGetItemSource
 from ..utils import enumerate_items_with_dict_position
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
+from .hooks import call_site
 from .lazy import LazyVariableTracker
 from .user_defined import RemovableHandleVariable
 
@@ -184,15 +185,6 @@ def register_residual(
     )
 
 
-def _call_site(tx: "InstructionTranslatorBase") -> tuple[Any, ...]:
-    site = []
-    cur: Any = tx
-    while cur is not None:
-        site.append((cur.f_code, cur.current_instruction.offset))
-        cur = cur.parent
-    return tuple(site)
-
-
 def _eager_sites(tx: "InstructionTranslatorBase") -> set[tuple[Any, ...]]:
     # Registration sites that graph-break, kept across restarts of the trace.
     log = tx.speculation_log
@@ -284,7 +276,7 @@ def maybe_register(
             "a subgraph) cannot do.",
             hints=[*graph_break_hints.SUPPORTABLE],
         )
-    site = _call_site(tx)
+    site = call_site(tx)
     if site in _eager_sites(tx):
         unimplemented(
             gb_type="nn.Module hook registration whose hooks or handle are read in the frame",
