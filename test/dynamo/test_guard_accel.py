@@ -18,7 +18,11 @@ import torch._dynamo.testing
 from torch._dynamo import config, guard_accel
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.exc import RecompileError
-from torch._dynamo.testing import CompileCounter
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -283,6 +287,288 @@ class TensorContainerGuardTests(ContainerTestCase):
         del xs
         gc.collect()
         self.assertEqual(sum(r() is not None for r in refs), 0)
+
+
+# ---------------------------------------------------------------------------
+# Containers held by an nn.Module, with and without
+# config.use_recursive_dict_tags_for_guards: the nodes native guards go on must
+# not be skipped while the module's dict tags are unchanged, since tensor
+# metadata changes in place without touching any dict.
+
+
+class TensorHolder(torch.nn.Module):
+    """16 tensors of shape (4, 4), kept where modules keep tensors."""
+
+    WHERE = ("buffers", "parameters", "parameter_list", "dict", "dict_values", "list")
+    M = 16
+
+    def __init__(self, where):
+        super().__init__()
+        self.where = where
+        tensors = [torch.randn(4, 4) for _ in range(self.M)]
+        if where == "buffers":
+            for i, t in enumerate(tensors):
+                self.register_buffer(f"t{i}", t)
+        elif where == "parameters":
+            for i, t in enumerate(tensors):
+                self.register_parameter(f"t{i}", torch.nn.Parameter(t))
+        elif where == "parameter_list":
+            self.ps = torch.nn.ParameterList(tensors)
+        elif where in ("dict", "dict_values"):
+            self.d = {f"t{i}": t for i, t in enumerate(tensors)}
+        else:
+            self.xs = tensors
+
+    def slot(self, i):
+        """(container, key) of tensor i, and its name in recompile reasons."""
+        if self.where == "buffers":
+            return self._buffers, f"t{i}", f"self._buffers['t{i}']"
+        if self.where == "parameters":
+            return self._parameters, f"t{i}", f"self._parameters['t{i}']"
+        if self.where == "parameter_list":
+            return (
+                self.ps._parameters,
+                str(i),
+                f"self._modules['ps']._parameters['{i}']",
+            )
+        if self.where in ("dict", "dict_values"):
+            return self.d, f"t{i}", f"self.d['t{i}']"
+        return self.xs, i, f"self.xs[{i}]"
+
+    def members(self):
+        if self.where in ("buffers", "parameters"):
+            return [getattr(self, f"t{i}") for i in range(self.M)]
+        if self.where == "parameter_list":
+            return list(self.ps)
+        if self.where == "dict":
+            return [self.d[f"t{i}"] for i in range(self.M)]
+        if self.where == "dict_values":
+            return list(self.d.values())
+        return list(self.xs)
+
+    def forward(self, x):
+        for t in self.members():
+            x = x + t.sum()
+        return x
+
+
+def set_data(value_fn):
+    def change(t):
+        t.data = value_fn(t.data)
+
+    return change
+
+
+def transpose_(t):
+    with torch.no_grad():  # parameters are leaves that require grad
+        t.t_()
+
+
+def mark_dynamic_0(t):
+    torch._dynamo.mark_dynamic(t, 0)
+
+
+# field -> (in-place change of one tensor, what the recompile reason says). None of
+# them writes to a dict (or list): dict tags stay as they were.
+IN_PLACE_CHANGES = {
+    "requires_grad": (
+        lambda t: t.requires_grad_(not t.requires_grad),
+        "requires_grad changed",
+    ),
+    "dtype": (set_data(lambda d: d.double()), "dtype changed float32 -> float64"),
+    "size": (set_data(lambda d: torch.randn(5, 4)), "size[0] changed 4 -> 5"),
+    "stride": (transpose_, "stride[0] changed 4 -> 1"),
+    "rank": (set_data(lambda d: d.unsqueeze(0)), "rank changed 2 -> 3"),
+    "dispatch keys": (set_data(lambda d: d._neg_view()), "dispatch key set changed"),
+    "dim marking": (mark_dynamic_0, "_dynamo_dynamic_indices was set after compilation"),
+}
+
+
+@requires_extension
+class ModuleContainerTests(ContainerTestCase):
+    def compile_holder(self, where):
+        m = TensorHolder(where)
+        cnt = CompileCounter()
+        compiled = torch.compile(m, backend=cnt)
+        x = torch.randn(4)
+        compiled(x)
+        compiled(x)  # the first guard check records the dict tags
+        self.assertEqual(cnt.frame_count, 1)
+        gm = guard_manager_of(TensorHolder.forward)
+        self.assertEqual(native_guards(gm), ["___tensor_container_0"])
+        return m, compiled, cnt, x
+
+    @parametrize("recursive_dict_tags", [False, True])
+    @parametrize("where", TensorHolder.WHERE)
+    def test_each_field_change_fails_and_is_named(self, where, recursive_dict_tags):
+        with config.patch(use_recursive_dict_tags_for_guards=recursive_dict_tags):
+            m, compiled, cnt, x = self.compile_holder(where)
+            container, key, name = m.slot(5)
+            t = container[key]
+            for field, (change, reason) in IN_PLACE_CHANGES.items():
+                with self.subTest(field=field):
+                    data, requires_grad = t.data, t.requires_grad
+                    change(t)
+                    try:
+                        self.assert_recompile_reason(compiled, (x,), f"{name}: {reason}")
+                    finally:
+                        t.data = data
+                        t.requires_grad_(requires_grad)
+                        if hasattr(t, "_dynamo_dynamic_indices"):
+                            del t._dynamo_dynamic_indices
+                    self.assertEqual(compiled(x), m(x))
+            # Writes to the container change its tag; still checked by the guard.
+            is_param = isinstance(t, torch.nn.Parameter)
+            other = torch.randn(4, 4) if is_param else torch.nn.Parameter(t.clone())
+            writes = {
+                "type": (
+                    other,
+                    "type changed Parameter -> Tensor"
+                    if is_param
+                    else "type changed Tensor -> Parameter",
+                ),
+            }
+            if not is_param:  # parameters are not under the no-aliasing guard
+                _, _, other_name = m.slot(3)
+                writes["aliasing"] = (
+                    container[m.slot(3)[1]],
+                    f"{other_name} and {name} are the same tensor",
+                )
+            for field, (value, reason) in writes.items():
+                with self.subTest(field=field):
+                    container[key] = value
+                    try:
+                        self.assert_recompile_reason(compiled, (x,), reason)
+                    finally:
+                        container[key] = t
+            self.assertEqual(compiled(x), m(x))
+            self.assertEqual(cnt.frame_count, 1)
+
+    def test_native_guard_nodes_are_not_tag_safe(self):
+        class Outer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.holder = TensorHolder("buffers")
+                self.lin = torch.nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.lin(self.holder(x))
+
+        def find(node, source):
+            if node.get_source() == source:
+                return node
+            for child in node.get_child_managers():
+                found = find(child, source)
+                if found is not None:
+                    return found
+            return None
+
+        m = Outer()
+        with config.patch(use_recursive_dict_tags_for_guards=True):
+            torch.compile(m, backend="eager")(torch.randn(4))
+        root = guard_manager_of(Outer.forward).root
+        buffers = find(root, "L['self']._modules['holder']._buffers")
+        self.assertIn(
+            "___tensor_container_0.explain(",
+            buffers.get_leaf_guards()[-1].verbose_code_parts()[0],
+        )
+        self.assertFalse(buffers.is_tag_safe())
+        self.assertFalse(find(root, "L['self']._modules['holder']").is_tag_safe())
+        self.assertFalse(find(root, "L['self']").is_tag_safe_root())
+        # A module without native guards keeps the dict tag fast path.
+        self.assertTrue(find(root, "L['self']._modules['lin']").is_tag_safe_root())
+
+    @parametrize("recursive_dict_tags", [False, True])
+    def test_aliasing_across_instances_of_one_module(self, recursive_dict_tags):
+        # Instances of one module class share the compiled code and its guards
+        # (the dict tag fast path records up to
+        # config.max_saved_pointers_for_recursive_dict_tags_check of them). A
+        # single tensor under a module is a member of the aliasing group.
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("b", torch.randn(4))
+
+            def forward(self, x, xs):
+                x.mul_(2)
+                return self.b + torch.stack(xs).sum(0)
+
+        xs = [torch.randn(4) for _ in range(K)]
+        with config.patch(use_recursive_dict_tags_for_guards=recursive_dict_tags):
+            a, b = Layer(), Layer()
+            cnt = CompileCounter()
+            fa, fb = torch.compile(a, backend=cnt), torch.compile(b, backend=cnt)
+            for f in (fa, fb, fa):
+                f(torch.randn(4), xs)
+            self.assertEqual(cnt.frame_count, 1)
+            self.assertIn(
+                "___tensor_aliasing_group", guard_manager_of(Layer.forward).closure_vars
+            )
+            self.assert_recompile_reason(
+                fa, (a.b, xs), "x and self._buffers['b'] are the same tensor"
+            )
+            expected_b = a.b * 2
+            out = fa(a.b, xs)
+            self.assertEqual(a.b, expected_b)
+            self.assertEqual(out, expected_b + torch.stack(xs).sum(0))
+            self.assertEqual(cnt.frame_count, 2)
+
+
+class TwelveBuffers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        for i in range(12):
+            self.register_buffer(f"b{i}", torch.randn(3, 3))
+
+    def forward(self, x):
+        for i in range(12):
+            x = x + getattr(self, f"b{i}").sum(0)
+        return x
+
+
+def replace_data(b):
+    b.data = torch.randn(5, 3)
+
+
+USER_CHANGES = {
+    "requires_grad_": lambda b: b.requires_grad_(True),
+    "data": replace_data,
+    "t_": lambda b: b.t_(),
+}
+
+
+@requires_extension
+class ModuleBufferChangeTests(torch._dynamo.test_case.TestCase):
+    """What a user sees: a buffer changed in place between two calls."""
+
+    @parametrize("recursive_dict_tags", [False, True])
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_in_place_change_recompiles(self, backend, recursive_dict_tags):
+        for change_name, change in USER_CHANGES.items():
+            with self.subTest(change=change_name), config.patch(
+                use_recursive_dict_tags_for_guards=recursive_dict_tags
+            ):
+                torch._dynamo.reset()
+                m = TwelveBuffers()
+                cnt = CompileCounterWithBackend(backend)
+                compiled = torch.compile(m, backend=cnt)
+                x = torch.randn(3)
+                for _ in range(2):
+                    self.assertEqual(compiled(x), m(x))
+                self.assertEqual(
+                    native_guards(guard_manager_of(TwelveBuffers.forward)),
+                    ["___tensor_container_0"],
+                )
+                change(m.b4)
+                out, expected = compiled(x), m(x)
+                self.assertEqual(out, expected)
+                self.assertEqual(out.requires_grad, expected.requires_grad)
+                self.assertEqual(cnt.frame_count, 2)
+
+
+instantiate_parametrized_tests(ModuleContainerTests)
+instantiate_parametrized_tests(ModuleBufferChangeTests)
+
 
 class StockFallbackTests(ContainerTestCase):
     def test_switch_off_uses_stock_guards(self):
@@ -556,6 +842,157 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
         xs, d, x = self.make_inputs(20)
         managers = self.guard_managers((xs, d, x), dynamic=True)
         self.run_cases(20, xs, d, x, managers)
+
+
+class ModuleHeld(torch.nn.Module):
+    """Mixed tensors in buffers, parameters, a ParameterList, a dict and a list."""
+
+    def __init__(self, rng, base, n=K):
+        super().__init__()
+        plain = [t.detach() for t in mixed_tensors(rng, n, base)]
+        for i, t in enumerate(plain):
+            self.register_buffer(f"b{i}", t)
+        params = [
+            torch.nn.Parameter(t.detach().clone(), requires_grad=t.is_floating_point())
+            for t in mixed_tensors(rng, n, base)
+        ]
+        for i, p in enumerate(params):
+            self.register_parameter(f"p{i}", p)
+        self.ps = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(3)) for _ in range(n)]
+        )
+        self.d = {f"k{i}": t for i, t in enumerate(mixed_tensors(rng, n, base))}
+        self.xs = mixed_tensors(rng, n, base)
+
+    def slots(self):
+        """(container, key) of every tensor."""
+        out = [(self._buffers, k) for k in self._buffers]
+        out += [(self._parameters, k) for k in self._parameters]
+        out += [(self.ps._parameters, k) for k in self.ps._parameters]
+        out += [(self.d, k) for k in self.d]
+        return out + [(self.xs, i) for i in range(len(self.xs))]
+
+
+def module_held(self, x):
+    n = len(self.xs)
+    return (
+        [getattr(self, f"b{i}") * 2 for i in range(n)],
+        [getattr(self, f"p{i}") * 3 for i in range(n)],
+        [p * 4 for p in self.ps],
+        [t * 5 for t in self.d.values()],
+        [t * 6 for t in self.xs],
+        x + 1,
+    )
+
+
+class InPlaceMutator(Mutator):
+    """Changes to a module's tensors that write to no dict, and their undo."""
+
+    KINDS = ["same", "values", "same_metadata", "attr", "attr"]
+    KINDS += ["requires_grad", "dtype", "size", "stride", "rank", "neg", "t_"]
+    # Not mark_dynamic: the stock dict tag fast path checks TENSOR_MATCH of tagged
+    # tensors but not their dimension markings (accel rejects, stock accepts).
+
+    def change(self, t):
+        """Change t in place; returns the undo."""
+        r = self.rng
+        data, requires_grad = t.data, t.requires_grad
+
+        def undo():
+            t.data = data
+            t.requires_grad_(requires_grad)
+            if hasattr(t, "unrelated_attribute"):
+                del t.unrelated_attribute
+
+        kind = r.choice(self.KINDS)
+        try:
+            if kind == "values":
+                with torch.no_grad():
+                    t.add_(1)
+            elif kind == "same_metadata":
+                t.data = self.new_like(data)
+            elif kind == "attr":
+                t.unrelated_attribute = 1
+            elif kind == "requires_grad" and t.is_floating_point():
+                t.requires_grad_(not requires_grad)
+            elif kind == "dtype":
+                t.data = data.to(r.choice([torch.float64, torch.float16]))
+            elif kind == "size":
+                shape = list(data.shape) or [0]
+                shape[r.randrange(len(shape))] += 1
+                t.data = rand(shape, data.dtype)
+            elif kind == "stride" and data.dim() in (1, 2):
+                t.data = (
+                    rand((data.shape[1], data.shape[0]), data.dtype).t()
+                    if data.dim() == 2
+                    else rand((data.shape[0] * 2,), data.dtype)[::2]
+                )
+            elif kind == "rank":
+                t.data = rand((*data.shape, 1), data.dtype)
+            elif kind == "neg":
+                t.data = data._neg_view()
+            elif kind == "t_" and t.dim() == 2:
+                with torch.no_grad():
+                    t.t_()
+        except RuntimeError:
+            pass  # e.g. .data of another dtype on a tensor that requires grad
+        return undo
+
+
+@requires_extension
+class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
+    """RandomizedAgreementTests with the tensors held by an nn.Module, changed in
+    place (no dict write, so no dict tag changes) and by writes to its containers."""
+
+    @parametrize("recursive_dict_tags", [False, True])
+    def test_agrees_with_stock(self, recursive_dict_tags):
+        rng = random.Random(30)
+        base = torch.randn(256)
+        m = ModuleHeld(rng, base)
+        x = torch.randn(3)
+        managers = {}
+        with config.patch(use_recursive_dict_tags_for_guards=recursive_dict_tags):
+            for accel in (False, True):
+                fn = fresh_copy(module_held)
+                with config.patch(tensor_container_guards=accel):
+                    torch.compile(fn, backend="eager")(m, x)
+                managers[accel] = guard_manager_of(fn)
+        self.assertEqual(len(native_guards(managers[True])), 5)
+        mutator = InPlaceMutator(rng, base)
+        outcomes = {True: 0, False: 0}
+        for case in range(100):
+            f_locals = {"self": m, "x": x}
+            undo = []
+            # First only changes in place, so that the dict tag fast path of both
+            # guard trees is taken until stock rejects; then writes as well.
+            if case < 40 or rng.random() < 0.5:
+                for _ in range(rng.choice([1, 1, 2])):
+                    container, key = rng.choice(m.slots())
+                    undo.append(mutator.change(container[key]))
+            elif rng.random() < 0.8:
+                container, key = rng.choice(m.slots())
+                old = container[key]
+                others = [c[k] for c, k in m.slots()]
+                container[key] = mutator.tensor(old, others)
+                undo.append(lambda c=container, k=key, v=old: c.__setitem__(k, v))
+            else:
+                name = rng.choice(["d", "xs"])
+                old = getattr(m, name)
+                setattr(m, name, mutator.container(old, [c[k] for c, k in m.slots()]))
+                undo.append(lambda n=name, v=old: setattr(m, n, v))
+            try:
+                stock = managers[False].check(f_locals)
+                accel = managers[True].check(f_locals)
+            finally:
+                for u in reversed(undo):
+                    u()
+            self.assertEqual(accel, stock, f"case {case}: accel={accel} stock={stock}")
+            outcomes[stock] += 1
+        self.assertGreater(outcomes[True], 10)
+        self.assertGreater(outcomes[False], 10)
+
+
+instantiate_parametrized_tests(ModuleAgreementTests)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ from torch._dynamo import config, guard_accel
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.exc import RecompileError
 from torch._dynamo.testing import CompileCounter
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
 
 
 N = 1000
@@ -44,7 +48,16 @@ class PlainSGD:
                 torch._foreach_add_(params, bufs, alpha=-group["lr"])
 
 
-def make_opt_class():
+class ModulePlainSGD(torch.nn.Module, PlainSGD):
+    """PlainSGD as an nn.Module: with config.use_recursive_dict_tags_for_guards its
+    node can be the root of a subtree skipped while its dict tags are unchanged."""
+
+    def __init__(self, params, **kwargs):
+        torch.nn.Module.__init__(self)
+        PlainSGD.__init__(self, params, **kwargs)
+
+
+def make_opt_class(base=PlainSGD):
     """A fresh OnceSGD class (own code objects, so its own Dynamo cache)."""
 
     def step(self):
@@ -55,7 +68,7 @@ def make_opt_class():
         PlainSGD.step.__globals__,
     )
 
-    class OnceSGD(PlainSGD):
+    class OnceSGD(base):
         @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
         def _init_group(self, group, params, grads, bufs):
             super()._init_group(group, params, grads, bufs)
@@ -291,6 +304,95 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
                     restore()
         compiled()
         self.assertEqual(cnt.frame_count, 1)
+
+
+def guard_nodes(node):
+    yield node
+    for child in node.get_child_managers():
+        yield from guard_nodes(child)
+
+
+@requires_extension
+class ModuleOptimizerTests(torch._dynamo.test_case.TestCase):
+    """The native guards of an optimizer that is an nn.Module, with and without
+    config.use_recursive_dict_tags_for_guards: grads, state buffers and parameters
+    change in place without a write to any dict, so without a new dict tag."""
+
+    @parametrize("recursive_dict_tags", [False, True])
+    def test_in_place_changes_fail_and_are_named(self, recursive_dict_tags):
+        with config.patch(use_recursive_dict_tags_for_guards=recursive_dict_tags):
+            params = make_params(16, none_grads={5})
+            opt = make_opt_class(ModulePlainSGD)(params)
+            opt, compiled, cnt, gm = compile_opt(params, opt=opt)
+            compiled()  # the first guard check records the dict tags
+            self.assertEqual(cnt.frame_count, 1)
+            self.assertEqual(
+                sorted(k for k in gm.closure_vars if k.startswith("___tensor_container")),
+                ["___tensor_container_0", "___tensor_container_nested_0"],
+            )
+            native = [
+                node
+                for node in guard_nodes(gm.root)
+                if any(
+                    "___tensor_container" in part
+                    for leaf in node.get_leaf_guards()
+                    for part in leaf.verbose_code_parts()
+                )
+            ]
+            self.assertEqual(len(native), 2)
+            for node in native:
+                self.assertFalse(node.is_tag_safe(), node.get_source())
+
+            grads = "self.param_groups[0]['params']"
+            p, q = params[9], params[5]
+            g = p.grad
+            buf = opt.state[p]["momentum_buffer"]
+            # params[5] has no grad, so no state: params[9] is at position 8
+            state_name = "self.state[list(dict.keys(self.state))[8]]['momentum_buffer']"
+
+            def set_data(t, value):
+                t.data = value
+
+            def transpose_(t):
+                with torch.no_grad():
+                    t.t_()
+
+            cases = {
+                "grad None": (lambda: setattr(p, "grad", None),
+                              f"{grads}[9].grad: is None, expected a tensor"),
+                "grad present": (lambda: setattr(q, "grad", torch.randn(4)),
+                                 f"{grads}[5].grad: is a tensor, expected None"),
+                "grad dtype": (lambda: set_data(g, g.data.double()),
+                               f"{grads}[9].grad: dtype changed float32 -> float64"),
+                "grad requires_grad": (lambda: g.requires_grad_(),
+                                       f"{grads}[9].grad: requires_grad changed False -> True"),
+                "state dtype": (lambda: set_data(buf, buf.data.double()),
+                                f"{state_name}: dtype changed float32 -> float64"),
+                "state size": (lambda: set_data(buf, torch.zeros(5)),
+                               f"{state_name}: size[0] changed 4 -> 5"),
+                "param requires_grad": (lambda: p.requires_grad_(False),
+                                        f"{grads}[9]: requires_grad changed True -> False"),
+                "param rank": (lambda: set_data(p, p.data.unsqueeze(0)),
+                               f"{grads}[9]: rank changed 1 -> 2"),
+            }
+            for field, (mutate, reason) in cases.items():
+                saved = [(t, t.data, t.requires_grad) for t in (p, g, buf)]
+                with self.subTest(field=field):
+                    mutate()
+                    try:
+                        with config.patch(error_on_recompile=True):
+                            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+                                compiled()
+                    finally:
+                        for t, data, requires_grad in saved:
+                            t.data = data
+                            t.requires_grad_(requires_grad)
+                        p.grad, q.grad = g, None
+            compiled()
+            self.assertEqual(cnt.frame_count, 1)
+
+
+instantiate_parametrized_tests(ModuleOptimizerTests)
 
 
 class Mutator:

@@ -21,7 +21,8 @@ The guard builder calls in at four points (guards.py):
   ``TensorContainerPlan.add_tensor`` instead of getting its own node;
 * ``GuardBuilder.DICT_KEYS_MATCH``: the key-order guards of a planned dict are left
   to its container guard (``TensorContainerPlan.owns_dict_keys``);
-* ``compile_check_fn``: ``install_tensor_container_guards`` adds the guards.
+* ``compile_check_fn``: ``install_tensor_container_guards`` adds the guards; the
+  nodes they go on are never tag safe (``add_native_guard``).
 
 Without the extension (or with ``config.tensor_container_guards = False``) nothing
 changes: stock guards are used, and a missing extension is reported once.
@@ -361,6 +362,27 @@ def _second_node(builder: GuardBuilder, container: _Container) -> Any:
     return parent.getitem_manager(key=source.index, **kwargs)
 
 
+def add_native_guard(
+    builder: GuardBuilder,
+    node: Any,
+    guard: Any,
+    verbose_code_parts: list[str],
+    user_stack: Any,
+) -> None:
+    """Install a native guard on node and keep node out of dict tag matching.
+
+    With config.use_recursive_dict_tags_for_guards, a tag safe node is skipped while
+    the dict tags under its nn.Module root are unchanged
+    (GuardManagerWrapper.find_tag_safe_roots). A native guard checks objects that
+    have no node of their own, so its node would count as tag safe, but tensor
+    metadata changes without touching any dict (requires_grad_(), .data = ...,
+    t_()), and a skipped member of the aliasing group would keep the identities
+    recorded for another module run through the same code.
+    """
+    node.add_lambda_guard(guard, verbose_code_parts, user_stack)
+    builder.guard_manager.tag_unsafe_sources.add(node.get_source())
+
+
 def install_tensor_container_guards(builder: GuardBuilder) -> bool:
     """Install the planned guards; True if the no-aliasing guard was taken over.
 
@@ -406,7 +428,9 @@ def install_tensor_container_guards(builder: GuardBuilder) -> bool:
         )
         if container.guard is None:
             raise AssertionError("a container with records has a guard")
-        node.add_lambda_guard(guard_fn, verbose_code_parts, container.guard.user_stack)
+        add_native_guard(
+            builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
+        )
         if container.diff_source:
             builder.guard_manager.diff_guard_sources.add(node.get_source())
         log.debug(
@@ -421,7 +445,9 @@ def install_tensor_container_guards(builder: GuardBuilder) -> bool:
     for name, manager in zip(
         builder.no_tensor_aliasing_names, builder.no_tensor_aliasing_guard_managers
     ):
-        manager.add_lambda_guard(
+        add_native_guard(
+            builder,
+            manager,
             group.add_tensor(name),
             [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"],
             None,

@@ -290,8 +290,12 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
             first,
         )
         if local is not None:
-            builder.get_guard_manager_from_source(local).add_lambda_guard(
-                identity, code_parts, first.user_stack
+            guard_accel.add_native_guard(
+                builder,
+                builder.get_guard_manager_from_source(local),
+                identity,
+                code_parts,
+                first.user_stack,
             )
         else:
             builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
@@ -442,7 +446,9 @@ def _install_nested(
         var = f"___tensor_container_nested_{i}"
         plan.closure_vars[var] = guard_fn
         node = guard_accel._second_node(builder, container)
-        node.add_lambda_guard(
+        guard_accel.add_native_guard(
+            builder,
+            node,
             guard_fn,
             get_verbose_code_parts([f"{var}.explain({ref})", f"{var}({ref})"], container.guard),
             container.guard.user_stack,
