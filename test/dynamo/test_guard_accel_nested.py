@@ -310,6 +310,12 @@ def guard_nodes(node):
     yield node
     for child in node.get_child_managers():
         yield from guard_nodes(child)
+    # A DictGuardManager (a dict with key guards) keeps its items' nodes apart.
+    if hasattr(node, "get_key_value_managers"):
+        for key_node, value_node in node.get_key_value_managers().values():
+            for child in (key_node, value_node):
+                if child is not None:
+                    yield from guard_nodes(child)
 
 
 @requires_extension
