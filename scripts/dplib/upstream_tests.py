@@ -21,9 +21,13 @@ from .common import DynapatchError, Project, log, python_exe, run
 from .series import read_series_names
 
 # Upstream files covering what the series touches: guards, recompiles, hooks,
-# modules, optimizers, unspecialized scalars, decorators.
+# modules, optimizers, unspecialized scalars, decorators; then the broad ones that
+# exercise the same paths from every side: repros, misc, AOT autograd, tensor
+# subclasses, context managers, functions (2,000+ tests passing on the stock wheel).
 DEFAULT_FILES = ("test_guard_manager.py", "test_recompiles.py", "test_hooks.py", "test_modules.py",
-                 "test_optimizers.py", "test_unspec.py", "test_decorators.py")
+                 "test_optimizers.py", "test_unspec.py", "test_decorators.py",
+                 "test_repros.py", "test_misc.py", "test_aot_autograd.py", "test_subclasses.py",
+                 "test_ctx_manager.py", "test_functions.py")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
 
