@@ -47,5 +47,49 @@ class BenchGuardsTest(unittest.TestCase):
         )
 
 
+class BenchScalarStateTest(unittest.TestCase):
+    """Only torch.optim cases (no third-party packages); the custom wheel on both sides."""
+
+    def test_table_verdicts_and_exit_status(self):
+        cmd = [sys.executable, str(SCRIPTS / "bench_scalar_state.py"), "--stock", sys.executable,
+               "--patched", sys.executable, "--cases", "torch_adamw,sched_lambda_warmup",
+               "--steps", "3", "--scheduler-steps", "4", "--backend", "eager",
+               # The lr changes on every step: a wheel that recompiles for it hits this limit
+               # and FAILs; one that does not PASSes. Either way the verdict must fit the row.
+               "--recompile-limit", "1"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        out = proc.stdout
+        self.assertIn(proc.returncode, (0, 1), f"{out}\n{proc.stderr}")
+        pair = r"(\S+) / (\S+)"
+        rows = {
+            m.group(1): m.groups()[1:]
+            for m in re.finditer(rf"^\| (\w+) \| ([^|]+) \| {pair} \| {pair} \| .*? \| {pair} \| (\w+) \|$",
+                                 out, re.MULTILINE)
+        }
+        self.assertEqual(sorted(rows), ["sched_lambda_warmup", "torch_adamw"], out)
+        # AdamW without a scheduler compiles once on every wheel and matches eager.
+        adamw = rows["torch_adamw"]
+        self.assertEqual(adamw[:5] + adamw[7:], ("<=1 graphs/3", "1", "1", "0", "0", "PASS"), out)
+        self.assertTrue({"same", "close"}.issuperset(adamw[5:7]), out)
+        target, _, graphs, _, hits, _, eager, verdict = rows["sched_lambda_warmup"]
+        self.assertEqual(target, "<=2 graphs/4", out)
+        self.assertIn(eager, ("same", "close"), out)  # never a wrong result, whichever wheel
+        expected = "PASS" if int(graphs) <= 2 and hits == "0" else "FAIL"
+        self.assertEqual(verdict, expected, out)
+        # Warmup changes the lr on every one of the 4 steps: at most 4 graphs.
+        self.assertLessEqual(int(graphs), 4, out)
+        self.assertEqual(proc.returncode, 0 if expected == "PASS" else 1, out)
+        passed = 1 + (expected == "PASS")
+        self.assertIn(f"patched: {passed} PASS, {2 - passed} FAIL/ERROR, 0 SKIP", out)
+        self.assertIn("note: both sides run torch", out)
+
+    def test_unknown_case_is_a_usage_error(self):
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_scalar_state.py"), "--stock",
+                               sys.executable, "--cases", "no_such_case"],
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("unknown case(s) no_such_case", proc.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
