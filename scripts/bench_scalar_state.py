@@ -351,7 +351,8 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
     counter = Counter(backend)
     times: list[float] = []
     compiled_steps: list[bool] = []
-    difference, max_diff = None, 0.0
+    differences: dict[str, str] = {}
+    max_diff = 0.0
 
     if case == "counter_after_backward":
         cls = counter_net_class()
@@ -406,11 +407,15 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
             before = counter.frame_count
             times.append(one_step(step))
             compiled_steps.append(counter.frame_count > before)
-            if difference is None:
-                d, worst = compare(state(sides[0]), state(sides[1]))
-                max_diff = max(max_diff, worst)
-                if d:
-                    difference = f"step {step + 1}: {d}"
+            # Each part (parameters, optimizer, scheduler, counter) keeps its first difference,
+            # so a difference in Python state does not hide one in the values, or vice versa.
+            compiled_state, eager_state = state(sides[0]), state(sides[1])
+            for part in compiled_state:
+                if part not in differences:
+                    d, worst = compare(compiled_state[part], eager_state[part], part)
+                    max_diff = max(max_diff, worst)
+                    if d:
+                        differences[part] = f"step {step + 1}: {d}"
     except Exception as e:  # noqa: BLE001 - reported as this side's error
         import traceback
 
@@ -428,7 +433,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
         "first_s": times[0],
         "compile_s": sum(t for t, c in zip(times, compiled_steps) if c),
         "steady_ms": statistics.median(steady) * 1e3 if steady else None,
-        "eager": difference or ("same" if max_diff == 0.0 else "close"),
+        "eager": "; ".join(differences.values()) or ("same" if max_diff == 0.0 else "close"),
         "max_diff": max_diff,
         "graphs_per_code": per_code,
         "graphs_after_warmup": sum(1 for s, _ in compiles if s >= WARMUP_STEPS),
@@ -492,7 +497,7 @@ def run_side(python: Path, case: str, steps: int, args: argparse.Namespace, pyth
     if args.strict_imports:
         cmd.append("--strict-imports")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
