@@ -326,7 +326,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
                 lines = msg.splitlines()
                 fn = lines[0].split()[2]
                 first = next((ln.strip()[2:] for ln in lines[1:] if ln.strip().startswith("- ")), "?")
-                reasons.append(f"{fn}: {first}")
+                reasons.append(f"{fn}: {' '.join(first.split())}")
 
     torch._logging.set_logs(recompiles=True)
     for name in ("torch._dynamo.convert_frame", "torch._dynamo.guards.__recompiles"):
