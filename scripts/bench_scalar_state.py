@@ -63,9 +63,11 @@ torchvision ops that do not exist (restored right after; no case uses a torchvis
 op) and says so; --strict-imports turns that off, and then the timm cases are
 skipped. A case whose package does not import is skipped and reported.
 
-Exit status: 0 every case ran on both sides and met its targets on the patched side;
+Exit status (only the patched side is judged; stock is the reference):
+0 every case ran and met its targets on the patched side;
 1 some case missed a target or failed to run on the patched side (FAIL/ERROR rows);
-2 bad arguments or an environment that could not be set up or has the wrong torch;
+2 bad arguments, or an environment that could not be set up (or imports torch from
+the packages dir);
 3 nothing failed, but some case was skipped (a package did not import).
 
     .venv/bin/python scripts/bench_scalar_state.py --cache-dir /work/main/build/cache
