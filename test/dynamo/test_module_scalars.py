@@ -313,6 +313,40 @@ class FmodTemp(DivideByTemp):
         return x * math.fmod(1.0, self.temp)
 
 
+class IntDivideAfterStore(DivideByTemp):
+    """An int counter stored before the division: 0 in the third call (scalars/79 of
+    the differential fuzzer)."""
+
+    def forward(self, x):
+        self.step -= 1
+        return x + 3 / self.step
+
+
+class IntDivideBeforeStore(DivideByTemp):
+    """The division reads the counter before the store (scalars/105)."""
+
+    def forward(self, x):
+        y = x + 1 / (self.step - 2)
+        self.step -= 1
+        return y
+
+
+class IntFloorDivide(DivideByTemp):
+    def forward(self, x):
+        self.step -= 1
+        return x * (7 // self.step) + 7 % self.step
+
+
+class IntDivideCaught(DivideByTemp):
+    def forward(self, x):
+        self.step -= 1
+        try:
+            y = 1 / self.step
+        except ZeroDivisionError:
+            y = -1.0
+        return x * y
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -658,6 +692,27 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
                 if cls is DivideTensor:
                     (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(cls.forward)
                     self.assertNotIn("0.0", str(entry.guard_manager))
+
+    def test_int_division_by_zero_raises_as_python(self):
+        # A traced int counter that is 0 where the frame divides by it: Python raises
+        # ZeroDivisionError (after the counter's store), as the compiled frame must; a
+        # nonzero divisor is guarded. Without the guard, fake-tensor propagation of
+        # `3 / 0` fails the compile (TorchRuntimeError) before the store happens.
+        # (model, frames over 4 calls, a recompile reason)
+        cases = [
+            (IntDivideAfterStore, 1, "((-1) + self.step) != 0"),
+            (IntDivideBeforeStore, 1, "((-2) + self.step) != 0"),
+            (IntFloorDivide, 1, "((-1) + self.step) != 0"),
+            # the handler is traced under `self.step - 1 == 0`
+            (IntDivideCaught, 2, "((-1) + self.step) != 0"),
+        ]
+        for backend in ("eager", "aot_eager", "inductor"):
+            for cls, frames, reason in cases:
+                torch._dynamo.reset()
+                cnt = self.run_raising(cls, CompileCounterWithBackend(backend))
+                self.assertEqual(cnt.frame_count, frames, (cls.__name__, backend))
+                reasons = [r.split("#")[0].strip() for r in guard_failures[cls.forward.__code__]]
+                self.assertIn(f"0/0: {reason}", reasons, (cls.__name__, reasons))
 
     def test_float_division_by_zero_raises_as_python_inductor(self):
         # Without the divisor guard: inf in the third call.

@@ -29,13 +29,14 @@ Each attribute restarts a trace at most twice: it is marked before the restart.
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, TYPE_CHECKING
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
 from . import config
-from .exc import UnspecializeRestartAnalysis
+from .exc import raise_observed_exception, UnspecializeRestartAnalysis
 
 
 if TYPE_CHECKING:
@@ -143,6 +144,54 @@ class _Int64Check:
             raise UnspecializeRestartAnalysis(
                 f"the graph computes {value} from {', '.join(names)} beyond int64; specializing them"
             )
+
+
+# Python number operations that raise ZeroDivisionError for a zero divisor.
+DIVISIONS = frozenset(
+    {
+        operator.truediv,
+        operator.itruediv,
+        operator.floordiv,
+        operator.ifloordiv,
+        operator.mod,
+        operator.imod,
+        divmod,
+    }
+)
+
+
+def raise_on_zero_int_divisor(tx: "InstructionTranslatorBase", fn: Any, args: list["VariableTracker"]) -> None:
+    """`fn(a, n)` (fn in DIVISIONS) with a number a and a SymInt n (a traced counter):
+    Python raises ZeroDivisionError when n is 0, where fake-tensor propagation of the
+    SymInt operation fails the compile (and a graph compiled for n != 0 would divide
+    by zero at run time, after the frame's earlier stores were lost). Decide on n's
+    value under a guard (``n != 0`` or ``n == 0``) and, at zero, raise what Python
+    raises, as an exception observed in the frame. A tensor a keeps tensor semantics
+    (inf, no exception)."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool
+
+    from .variables.tensor import SymNodeVariable
+
+    dividend, divisor = (a.realize() for a in args)
+    if not isinstance(divisor, SymNodeVariable) or divisor.python_type() is not int:
+        return
+    sym = divisor.sym_num
+    if not isinstance(sym, torch.SymInt) or not sym.node.has_hint():
+        return  # unbacked: no value to decide on (stock behaviour)
+    if isinstance(dividend, SymNodeVariable):
+        if dividend.python_type() not in (int, float) or not dividend.sym_num.node.has_hint():
+            return
+        example = dividend.sym_num.node.hint
+    elif dividend.is_python_constant() and type(dividend.as_python_constant()) in (int, float):
+        example = dividend.as_python_constant()
+    else:
+        return
+    if not guard_bool(sym == 0):
+        return
+    try:
+        fn(example, 0)
+    except ZeroDivisionError as e:
+        raise_observed_exception(ZeroDivisionError, tx, args=list(e.args))
 
 
 def _original_value(item: "VariableTracker", name: str) -> Any:
