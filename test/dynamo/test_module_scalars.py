@@ -347,6 +347,18 @@ class IntDivideCaught(DivideByTemp):
         return x * y
 
 
+class StepNet(Counter):
+    def forward(self, x):
+        self.step += 1
+        return self.layer(x)
+
+
+def train_step(model, x):
+    loss = model(x).sum()
+    loss.backward()  # graph break: the rest runs in a resume function
+    return loss.detach() * model.step
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -748,6 +760,25 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
             with torch._dynamo.config.patch(**patch):
                 cnt = self.run_float(Decay, CompileCounter(), calls=4)
             self.assertEqual(cnt.frame_count, 4 if "specialize_float" in patch else 2, patch)
+
+    def test_counter_read_after_backward_graph_break(self):
+        # The resume function after `loss.backward()` shares the marks of its frame:
+        # model.step is a SymInt there from the first compile. Without the shared
+        # marks: a recompile of the resume function per step, up to the limit.
+        for backend in ("eager", "aot_eager", "inductor"):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            eager, compiled = StepNet(), StepNet()
+            compiled.load_state_dict(eager.state_dict())
+            cnt = CompileCounterWithBackend(backend)
+            fn = torch.compile(train_step, backend=cnt)
+            for _ in range(6):
+                x = torch.randn(3, 4)
+                self.assertEqual(fn(compiled, x), train_step(eager, x))
+                self.assertEqual(compiled.step, eager.step)
+                self.assertEqual(compiled.layer.weight.grad, eager.layer.weight.grad)
+            # the graph before the break and the resume function's
+            self.assertEqual(cnt.frame_count, 2, backend)
 
     def test_switch_off_restores_stock_specialization(self):
         with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):
