@@ -78,12 +78,7 @@ NOT_IN_CI = {"backend.inductor"}
 # Programs that still find an open defect (issue #12 closing note): the test asserts
 # the defect still reproduces as described, so a fix makes it fail until the entry
 # is removed here.
-OPEN_DEFECTS = {
-    # 1 / self.step with a traced module int counter == 0: eager raises
-    # ZeroDivisionError, compiled fails in fake-tensor propagation (patch 0002 traces
-    # the counter as a SymInt; the float divisor guard of 0011 has no int twin yet).
-    ("scalars", 105): "eager ZeroDivisionError: division by zero / compiled TorchRuntimeError",
-}
+OPEN_DEFECTS: dict[tuple[str, int], str] = {}
 
 
 class DifferentialFuzzTests(torch._dynamo.test_case.TestCase):

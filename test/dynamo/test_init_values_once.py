@@ -594,7 +594,11 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
             self.assertEqual(cache_c, cache_e)
         self.assertEqual(cache_c["calls"], 3)
-        self.assertEqual(cnt.frame_count, 3)  # "calls" is a guarded constant
+        # "calls" is a guarded constant, one frame per value, unless a later patch
+        # (dynamic_stored_scalars) traces the stored int: then its first change is the
+        # only recompile.
+        stored_dynamic = getattr(torch._dynamo.config, "dynamic_stored_scalars", False)
+        self.assertEqual(cnt.frame_count, 2 if stored_dynamic else 3)
 
     def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):
         @torch._dynamo.init_values_once(guards=["cache"])

@@ -313,6 +313,52 @@ class FmodTemp(DivideByTemp):
         return x * math.fmod(1.0, self.temp)
 
 
+class IntDivideAfterStore(DivideByTemp):
+    """An int counter stored before the division: 0 in the third call (scalars/79 of
+    the differential fuzzer)."""
+
+    def forward(self, x):
+        self.step -= 1
+        return x + 3 / self.step
+
+
+class IntDivideBeforeStore(DivideByTemp):
+    """The division reads the counter before the store (scalars/105)."""
+
+    def forward(self, x):
+        y = x + 1 / (self.step - 2)
+        self.step -= 1
+        return y
+
+
+class IntFloorDivide(DivideByTemp):
+    def forward(self, x):
+        self.step -= 1
+        return x * (7 // self.step) + 7 % self.step
+
+
+class IntDivideCaught(DivideByTemp):
+    def forward(self, x):
+        self.step -= 1
+        try:
+            y = 1 / self.step
+        except ZeroDivisionError:
+            y = -1.0
+        return x * y
+
+
+class StepNet(Counter):
+    def forward(self, x):
+        self.step += 1
+        return self.layer(x)
+
+
+def train_step(model, x):
+    loss = model(x).sum()
+    loss.backward()  # graph break: the rest runs in a resume function
+    return loss.detach() * model.step
+
+
 class PlainState:
     def __init__(self):
         self.step = 0
@@ -659,6 +705,27 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
                     (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(cls.forward)
                     self.assertNotIn("0.0", str(entry.guard_manager))
 
+    def test_int_division_by_zero_raises_as_python(self):
+        # A traced int counter that is 0 where the frame divides by it: Python raises
+        # ZeroDivisionError (after the counter's store), as the compiled frame must; a
+        # nonzero divisor is guarded. Without the guard, fake-tensor propagation of
+        # `3 / 0` fails the compile (TorchRuntimeError) before the store happens.
+        # (model, frames over 4 calls, a recompile reason)
+        cases = [
+            (IntDivideAfterStore, 1, "((-1) + self.step) != 0"),
+            (IntDivideBeforeStore, 1, "((-2) + self.step) != 0"),
+            (IntFloorDivide, 1, "((-1) + self.step) != 0"),
+            # the handler is traced under `self.step - 1 == 0`
+            (IntDivideCaught, 2, "((-1) + self.step) != 0"),
+        ]
+        for backend in ("eager", "aot_eager", "inductor"):
+            for cls, frames, reason in cases:
+                torch._dynamo.reset()
+                cnt = self.run_raising(cls, CompileCounterWithBackend(backend))
+                self.assertEqual(cnt.frame_count, frames, (cls.__name__, backend))
+                reasons = [r.split("#")[0].strip() for r in guard_failures[cls.forward.__code__]]
+                self.assertIn(f"0/0: {reason}", reasons, (cls.__name__, reasons))
+
     def test_float_division_by_zero_raises_as_python_inductor(self):
         # Without the divisor guard: inf in the third call.
         cnt = self.run_raising(DivideComputed, CompileCounterWithBackend("inductor"))
@@ -693,6 +760,25 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
             with torch._dynamo.config.patch(**patch):
                 cnt = self.run_float(Decay, CompileCounter(), calls=4)
             self.assertEqual(cnt.frame_count, 4 if "specialize_float" in patch else 2, patch)
+
+    def test_counter_read_after_backward_graph_break(self):
+        # The resume function after `loss.backward()` shares the marks of its frame:
+        # model.step is a SymInt there from the first compile. Without the shared
+        # marks: a recompile of the resume function per step, up to the limit.
+        for backend in ("eager", "aot_eager", "inductor"):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            eager, compiled = StepNet(), StepNet()
+            compiled.load_state_dict(eager.state_dict())
+            cnt = CompileCounterWithBackend(backend)
+            fn = torch.compile(train_step, backend=cnt)
+            for _ in range(6):
+                x = torch.randn(3, 4)
+                self.assertEqual(fn(compiled, x), train_step(eager, x))
+                self.assertEqual(compiled.step, eager.step)
+                self.assertEqual(compiled.layer.weight.grad, eager.layer.weight.grad)
+            # the graph before the break and the resume function's
+            self.assertEqual(cnt.frame_count, 2, backend)
 
     def test_switch_off_restores_stock_specialization(self):
         with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):

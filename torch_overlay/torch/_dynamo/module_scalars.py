@@ -29,13 +29,14 @@ Each attribute restarts a trace at most twice: it is marked before the restart.
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, TYPE_CHECKING
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
 from . import config
-from .exc import UnspecializeRestartAnalysis
+from .exc import raise_observed_exception, UnspecializeRestartAnalysis
 
 
 if TYPE_CHECKING:
@@ -59,15 +60,23 @@ SCALAR_TYPES = (int,)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _code_state(tx: "InstructionTranslatorBase") -> Any:
+def code_state(tx: "InstructionTranslatorBase") -> Any:
+    """The PGO CodeState that keeps the marks of the frame `tx` traces: its root
+    frame's, or for a resume function after a graph break, the original frame's (its
+    locals keep their names, so the rest of the frame sees the same places marked)."""
     from .pgo import CodeId, get_code_state
+    from .resume_execution import ContinueExecutionCache
 
     root = tx.output.root_tx
-    return get_code_state()[CodeId.make(root.f_code, root.closure)]
+    code = root.f_code
+    meta = ContinueExecutionCache.generated_code_metadata.get(code)
+    if meta is not None:
+        code = meta.code
+    return get_code_state()[CodeId.make(code, root.closure)]
 
 
 def _marked_names(tx: "InstructionTranslatorBase", field: str = "mutated_module_scalars") -> set[str]:
-    state = _code_state(tx)
+    state = code_state(tx)
     marked = getattr(state, field, None)
     if marked is None:  # a CodeState unpickled from a profile written before the field existed
         marked = set()
@@ -145,6 +154,54 @@ class _Int64Check:
             )
 
 
+# Python number operations that raise ZeroDivisionError for a zero divisor.
+DIVISIONS = frozenset(
+    {
+        operator.truediv,
+        operator.itruediv,
+        operator.floordiv,
+        operator.ifloordiv,
+        operator.mod,
+        operator.imod,
+        divmod,
+    }
+)
+
+
+def raise_on_zero_int_divisor(tx: "InstructionTranslatorBase", fn: Any, args: list["VariableTracker"]) -> None:
+    """`fn(a, n)` (fn in DIVISIONS) with a number a and a SymInt n (a traced counter):
+    Python raises ZeroDivisionError when n is 0, where fake-tensor propagation of the
+    SymInt operation fails the compile (and a graph compiled for n != 0 would divide
+    by zero at run time, after the frame's earlier stores were lost). Decide on n's
+    value under a guard (``n != 0`` or ``n == 0``) and, at zero, raise what Python
+    raises, as an exception observed in the frame. A tensor a keeps tensor semantics
+    (inf, no exception)."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool
+
+    from .variables.tensor import SymNodeVariable
+
+    dividend, divisor = (a.realize() for a in args)
+    if not isinstance(divisor, SymNodeVariable) or divisor.python_type() is not int:
+        return
+    sym = divisor.sym_num
+    if not isinstance(sym, torch.SymInt) or not sym.node.has_hint():
+        return  # unbacked: no value to decide on (stock behaviour)
+    if isinstance(dividend, SymNodeVariable):
+        if dividend.python_type() not in (int, float) or not dividend.sym_num.node.has_hint():
+            return
+        example = dividend.sym_num.node.hint
+    elif dividend.is_python_constant() and type(dividend.as_python_constant()) in (int, float):
+        example = dividend.as_python_constant()
+    else:
+        return
+    if not guard_bool(sym == 0):
+        return
+    try:
+        fn(example, 0)
+    except ZeroDivisionError as e:
+        raise_observed_exception(ZeroDivisionError, tx, args=list(e.args))
+
+
 def _original_value(item: "VariableTracker", name: str) -> Any:
     # Only instance attributes: a class-level default shadowed by the store is left to stock.
     instance_dict = getattr(getattr(item, "value", None), "__dict__", None)
@@ -157,27 +214,33 @@ def unspecialize_on_store(item: "VariableTracker", name: str, value: "VariableTr
     """Called for every attribute store; restarts analysis the first time a module
     scalar is stored a new value, after marking it symbolic for this code."""
     from .source import AttrSource
-    from .symbolic_convert import InstructionTranslator
     from .variables.nn_module import UnspecializedNNModuleVariable
 
     if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
         return
-    if not value.is_python_constant():
+    old = _original_value(item, name)
+    if type(old) in SCALAR_TYPES:
+        mark_stored_int(AttrSource(item.source, name), old, value)
+
+
+def mark_stored_int(source: "Source", old: int, value: "VariableTracker") -> None:
+    """The int `old` that entered the frame at `source` is stored `value`: if that is
+    a different int constant, mark `source` symbolic for this code and restart."""
+    from .symbolic_convert import InstructionTranslator
+
+    if not enabled() or config.specialize_int or not value.is_python_constant():
         return  # already symbolic (or not a scalar at all)
     new = value.as_python_constant()
-    old = _original_value(item, name)
-    if type(old) not in SCALAR_TYPES or type(new) is not type(old) or new == old:
-        return
-    if config.specialize_int:
+    if type(new) is not type(old) or new == old:
         return
     tx = InstructionTranslator.current_tx()
-    source_name = AttrSource(item.source, name).name
+    source_name = source.name
     marked = _marked_names(tx)
     if source_name in marked:
-        return  # already symbolic on this trace path; never restart twice for one attribute
+        return  # already symbolic on this trace path; never restart twice for one place
     marked.add(source_name)
     log.debug("%s is mutated by the frame (%r -> %r): restarting with it symbolic", source_name, old, new)
     raise UnspecializeRestartAnalysis(
-        f"{source_name} is a module scalar mutated in the frame ({old!r} -> {new!r}); "
+        f"{source_name} is a scalar mutated in the frame ({old!r} -> {new!r}); "
         "tracing it as a symbolic value"
     )

@@ -109,20 +109,10 @@ def _type_enabled(tx: "InstructionTranslatorBase") -> bool:
     )
 
 
-def _code_state(tx: "InstructionTranslatorBase") -> Any:
-    from ..pgo import CodeId, get_code_state
-    from ..resume_execution import ContinueExecutionCache
-
-    root = tx.output.root_tx
-    code = root.f_code
-    meta = ContinueExecutionCache.generated_code_metadata.get(code)
-    if meta is not None:
-        code = meta.code  # a resume function: share the original frame's marks
-    return get_code_state()[CodeId.make(code, root.closure)]
-
-
 def _names(tx: "InstructionTranslatorBase", field: str) -> set[str]:
-    state = _code_state(tx)
+    from ..module_scalars import code_state
+
+    state = code_state(tx)
     names = getattr(state, field, None)
     if names is None:  # a CodeState unpickled from a profile written before the field existed
         names = set()
@@ -164,15 +154,23 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
     instance attribute of a module gets a new constant value, after marking it."""
     from ..module_scalars import _original_value
     from ..source import AttrSource
-    from ..symbolic_convert import InstructionTranslator
     from .nn_module import UnspecializedNNModuleVariable
-
-    from .tensor import SymNodeVariable
 
     if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
         return
     old = _original_value(item, name)
-    if type(old) is not float:
+    if type(old) is float:
+        mark_stored_float(AttrSource(item.source, name), old, value)
+
+
+def mark_stored_float(source: "Source", old: float, value: VariableTracker) -> None:
+    """The float `old` that entered the frame at `source` is stored `value`: if that
+    is a different float constant (or a SymFloat), mark `source` as a tensor input
+    for this code and restart."""
+    from ..symbolic_convert import InstructionTranslator
+    from .tensor import SymNodeVariable
+
+    if not enabled():
         return
     if isinstance(value, SymNodeVariable):
         # A SymFloat (computed from a SymInt counter, say) would be written back as a
@@ -190,16 +188,16 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
     tx = InstructionTranslator.current_tx()
     if not _type_enabled(tx):
         return
-    source_name = AttrSource(item.source, name).name
+    source_name = source.name
     if source_name in _names(tx, "specialized_module_floats"):
         return  # a use the tensor form cannot trace: specialized for this frame
     marked = _names(tx, "mutated_module_floats")
     if source_name in marked:
-        return  # never restart twice for one attribute
+        return  # never restart twice for one place
     marked.add(source_name)
     log.debug("%s is mutated by the frame (%r -> %s): restarting with it a tensor input", source_name, old, new)
     raise UnspecializeRestartAnalysis(
-        f"{source_name} is a module float mutated in the frame ({old!r} -> {new}); "
+        f"{source_name} is a float mutated in the frame ({old!r} -> {new}); "
         "tracing it as a float64 tensor input"
     )
 

@@ -1,0 +1,289 @@
+# Owner(s): ["module: dynamo"]
+"""Python ints and floats the compiled code keeps changing at any sourced place (object
+attributes, dict entries such as an optimizer's state[p]['step'], list slots) are
+traced symbolically from their first store; ints specialized on their value whatever
+automatic dynamic says become dynamic after one observed change (scalar_state.py)."""
+
+import copy
+
+import torch
+import torch._dynamo.test_case
+import torch._dynamo.testing
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import guard_failures
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+
+
+class StepStateOpt(torch.optim.Optimizer):
+    """An int `step` in per-parameter state, created on the first call (timm AdaBelief)."""
+
+    def __init__(self, params, lr=0.1, beta=0.9):
+        super().__init__(params, dict(lr=lr, beta=beta))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["avg"] = torch.zeros_like(p)
+                state["step"] += 1
+                state["avg"].mul_(group["beta"]).add_(p.grad)
+                p.sub_(state["avg"] * (group["lr"] / state["step"]))
+
+
+class EmaStateOpt(StepStateOpt):
+    """A float EMA of the lr kept in per-parameter state (timm LaProp)."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["ema_lr"] = 0.0
+                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                p.sub_(p.grad * state["ema_lr"])
+
+
+class GroupStepOpt(StepStateOpt):
+    """An int `step` in the param group (timm Adan, MADGRAD)."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            if "step" in group:
+                group["step"] += 1
+            else:
+                group["step"] = 1
+            for p in group["params"]:
+                p.sub_(p.grad * (group["lr"] / group["step"]))
+
+
+def opt_step(opt):
+    opt.step()
+
+
+class PlainCounter:
+    def __init__(self):
+        self.count = 0
+        self.seen = [0]
+
+
+def count_calls(x, c):
+    c.count += 1
+    c.seen[0] += 2
+    return x * c.count + c.seen[0]
+
+
+def count_mod(x, c):
+    c.count += 1
+    if c.count % 3 == 0:
+        return x.cos()
+    return x.sin()
+
+
+def count_size(x, c):
+    c.count += 1
+    return x.sum() + torch.ones(c.count).sum()
+
+
+class EmaState:
+    def __init__(self):
+        self.state = {"ema": 1.0}
+
+
+def ema(x, s):
+    s.state["ema"] = s.state["ema"] * 0.5 + 0.25
+    return x * s.state["ema"]
+
+
+def ema_branch(x, s):
+    s.state["ema"] = s.state["ema"] * 0.5 + 0.25
+    if s.state["ema"] > 0.6:
+        return x.cos() * s.state["ema"]
+    return x.sin()
+
+
+def state_of(obj):
+    if isinstance(obj, torch.optim.Optimizer):
+        return (
+            # (Dynamo's OptimizerVariable adds 'capturable' to the compiled copy's groups)
+            [{k: v for k, v in g.items() if k not in ("params", "capturable")} for g in obj.param_groups],
+            [dict(s) for s in obj.state.values()],
+            [p.detach().clone() for g in obj.param_groups for p in g["params"]],
+        )
+    return copy.deepcopy(vars(obj))
+
+
+class ScalarStateTests(torch._dynamo.test_case.TestCase):
+    def run_opt(self, cls, backend, calls=6):
+        """Eager and compiled copies of an optimizer stepped alike: parameters, groups
+        and state equal after every call; returns the backend."""
+        torch.manual_seed(0)
+        params = [torch.randn(4, requires_grad=True), torch.randn(3, requires_grad=True)]
+        copies = [[p.detach().clone().requires_grad_() for p in params] for _ in range(2)]
+        eager, compiled = cls(copies[0]), cls(copies[1])
+        fn = torch.compile(opt_step, backend=backend)
+        for i in range(calls):
+            for ps in copies:
+                for j, p in enumerate(ps):
+                    p.grad = torch.full_like(p, 0.1 * (i + j + 1))
+            opt_step(eager)
+            fn(compiled)
+            self.assertEqual(state_of(compiled), state_of(eager), atol=0, rtol=0)
+        return backend
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_optimizer_int_step_in_state(self, backend):
+        # The first call fills the empty state (a constant in that frame), the second
+        # stores to state[p]['step'] and traces it as a SymInt. Without this patch: a
+        # recompile per step.
+        cnt = self.run_opt(StepStateOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_optimizer_float_ema_in_state(self, backend):
+        cnt = self.run_opt(EmaStateOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_optimizer_int_step_in_param_group(self, backend):
+        cnt = self.run_opt(GroupStepOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    def run_fn(self, fn, make, backend, calls=6, between=None):
+        eager, compiled = make(), make()
+        cfn = torch.compile(fn, backend=backend)
+        for i in range(calls):
+            if between is not None:
+                between(eager, i)
+                between(compiled, i)
+            x = torch.randn(3)
+            self.assertEqual(cfn(x, compiled), fn(x, eager), atol=0, rtol=0)
+            self.assertEqual(state_of(compiled), state_of(eager), atol=0, rtol=0)
+        return backend
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_plain_object_counter_and_list_slot(self, backend):
+        # Without this patch: 2 frames (automatic dynamic after the first change).
+        cnt = self.run_fn(count_calls, PlainCounter, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_counter_reset_from_outside(self):
+        def reset(c, i):
+            if i == 3:
+                c.count = 0
+
+        cnt = self.run_fn(count_calls, PlainCounter, CompileCounterWithBackend("eager"), between=reset)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_branch_on_counter_modulo(self):
+        cnt = self.run_fn(count_mod, PlainCounter, CompileCounterWithBackend("aot_eager"), calls=7)
+        self.assertEqual(cnt.frame_count, 2)  # one graph per branch
+        reasons = [r.split("#")[0].strip() for r in guard_failures[count_mod.__code__]]
+        self.assertIn("0/0: ((1 + c.count) % 3) != 0", reasons)
+
+    def test_counter_used_as_a_size(self):
+        self.run_fn(count_size, PlainCounter, CompileCounterWithBackend("aot_eager"))
+
+    def test_counter_turning_float_from_outside(self):
+        def to_float(c, i):
+            if i == 2:
+                c.count = 2.5
+
+        cnt = self.run_fn(count_calls, PlainCounter, CompileCounterWithBackend("eager"), between=to_float)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_float_ema_in_dict(self, backend):
+        cnt = self.run_fn(ema, EmaState, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 1)
+        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(ema)
+        self.assertNotIn("isnan", str(entry.guard_manager))
+
+    def test_float_branch_graph_breaks_on_the_real_value(self):
+        self.run_fn(ema_branch, EmaState, CompileCounterWithBackend("aot_eager"))
+
+    def test_places_created_in_the_frame_stay_constants(self):
+        def fill(x, d):
+            d["step"] = 0
+            d["step"] += 1
+            return x + d["step"]
+
+        cnt = CompileCounterWithBackend("eager")
+        cfn = torch.compile(fill, backend=cnt)
+        for _ in range(3):
+            d = {}
+            self.assertEqual(cfn(torch.ones(2), d), torch.ones(2) + 1)
+            self.assertEqual(d, {"step": 1})
+        self.assertEqual(cnt.frame_count, 1)
+        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(fill)
+        self.assertNotIn("L['d']['step']", str(entry.guard_manager))
+
+    def test_switches_off_restore_previous_behaviour(self):
+        with torch._dynamo.config.patch(dynamic_stored_scalars=False):
+            cnt = self.run_fn(count_calls, PlainCounter, CompileCounterWithBackend("eager"))
+        self.assertEqual(cnt.frame_count, 2)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(dynamic_stored_scalars=False):
+            cnt = self.run_opt(StepStateOpt, CompileCounterWithBackend("eager"))
+        self.assertEqual(cnt.frame_count, 3)
+
+
+class CounterNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.n_heads = 2
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.step += 1
+        return self.lin(x).view(self.n_heads, -1)
+
+
+def read_step(model, x):
+    return x * model.step
+
+
+class ChangedScalarTests(torch._dynamo.test_case.TestCase):
+    def test_module_counter_changed_from_outside(self):
+        # Only read in this frame, incremented eagerly between calls: dynamic after
+        # one observed change; n_heads, read-only and never changed, stays specialized.
+        model = CounterNet()
+        cnt = CompileCounterWithBackend("aot_eager")
+        fn = torch.compile(read_step, backend=cnt)
+        for _ in range(6):
+            model.step += 1
+            x = torch.randn(3)
+            self.assertEqual(fn(model, x), read_step(model, x))
+        self.assertEqual(cnt.frame_count, 2)
+        reasons = "\n".join(guard_failures[read_step.__code__])
+        self.assertIn("model.step == 1", reasons)
+        with torch._dynamo.config.patch(automatic_dynamic_changed_scalars=False):
+            torch._dynamo.reset()
+            cnt = CompileCounterWithBackend("eager")
+            fn = torch.compile(read_step, backend=cnt)
+            for _ in range(4):
+                model.step += 1
+                fn(model, torch.randn(3))
+            self.assertEqual(cnt.frame_count, 4)
+
+    def test_read_only_config_stays_specialized(self):
+        model = torch.compile(CounterNet(), backend="eager")
+        for _ in range(3):
+            model(torch.randn(3, 4))
+        (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(CounterNet.forward)
+        self.assertIn("L['self'].n_heads == 2", str(entry.guard_manager))
+
+
+instantiate_parametrized_tests(ScalarStateTests)
+instantiate_parametrized_tests(ChangedScalarTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

@@ -1,0 +1,168 @@
+"""Python numbers the program keeps changing, wherever they live (pytorch #115711).
+
+module_scalars.py (ints) and variables/module_float.py (floats) trace an nn.Module
+attribute that the compiled frame stores a new value to as a symbolic graph input.
+Real training code keeps its counters and running values elsewhere: an optimizer's
+per-parameter state (``state[p]['step'] += 1``), ``param_groups[i]['step']``, a plain
+object's attribute, a list slot. This module extends the same rule to every sourced
+mutable place:
+
+- Stores (``config.dynamic_stored_scalars``): a store of a new number to an int or
+  float that entered the frame at a sourced place (an attribute of any object with a
+  source, a dict entry, a list slot) marks the place on the frame's code state
+  (module_scalars.code_state: resume functions share their original frame's marks) and
+  restarts analysis; the restarted trace wraps it as module_scalars / module_float wrap
+  a marked module attribute (a DYNAMIC SymInt; a 0-d float64 tensor input), and the
+  new value is written back by the residual bytecode of the mutation. A place the frame
+  created itself (``state['step'] = 0`` into an empty dict) has no source: it stays a
+  constant.
+- Changes from outside (``config.automatic_dynamic_changed_scalars``): an int at an
+  attribute or container place that Dynamo specializes on its value regardless of
+  automatic dynamic (nn.Module attributes, places reached from globals) is traced as a
+  DYNAMIC SymInt once automatic dynamic has seen it change between compiles of the
+  frame: a counter that another frame, a resume function or eager code between calls
+  increments costs one recompile, not one per value.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TYPE_CHECKING
+
+import torch
+
+from . import config
+
+
+if TYPE_CHECKING:
+    from .source import Source
+    from .symbolic_convert import InstructionTranslatorBase
+    from .variables.base import VariableTracker
+    from .variables.builder import VariableBuilder
+
+
+log = logging.getLogger(__name__)
+recompiles_log = torch._logging.getArtifactLogger(__name__, "recompiles")
+
+
+def stores_enabled() -> bool:
+    from .module_scalars import enabled
+
+    return enabled() and config.dynamic_stored_scalars
+
+
+def _entered_value(vt: "VariableTracker | None") -> tuple[Any, "Source | None"]:
+    """The Python number `vt` holds if it entered the frame at a sourced place and the
+    frame has not replaced it, with that source; else (None, None)."""
+    from .variables.constant import ConstantVariable
+    from .variables.lazy import LazyVariableTracker
+
+    if vt is None or vt.source is None:
+        return None, None
+    if isinstance(vt, LazyVariableTracker):
+        if not vt.is_realized():
+            return vt.peek_value(), vt.source
+        vt = vt.unwrap()
+    if type(vt) is ConstantVariable and vt.source is not None:
+        return vt.value, vt.source
+    return None, None
+
+
+def on_store_attr(item: "VariableTracker", name: str, value: "VariableTracker") -> None:
+    """SideEffects.store_attr of `value` to `item.name`, item not an nn.Module (whose
+    attributes module_scalars and module_float handle): mark and restart when a number
+    that entered the frame on a sourced object gets a new value."""
+    from .module_scalars import _original_value
+    from .source import AttrSource
+    from .variables.nn_module import UnspecializedNNModuleVariable
+    from .variables.user_defined import UserDefinedObjectVariable
+
+    if not stores_enabled() or not isinstance(item, UserDefinedObjectVariable):
+        return
+    if isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
+        return
+    old = _original_value(item, name)
+    if type(old) in (int, float):
+        _mark_if_changed(AttrSource(item.source, name), old, value)
+
+
+def on_store_subscr(container: "VariableTracker", key: "VariableTracker", value: "VariableTracker") -> None:
+    """STORE_SUBSCR ``container[key] = value``: mark and restart when a number that
+    entered the frame in a sourced dict entry or list slot gets a new value."""
+    from .variables.dicts import ConstDictVariable
+    from .variables.lists import ListVariable
+
+    if not stores_enabled() or container.source is None:
+        return
+    container = container.realize()  # __setitem__ realizes it anyway
+    old_vt = None
+    if isinstance(container, ConstDictVariable):
+        if not key.is_python_constant():
+            return  # tensor keys hold tensors in the optimizer's state; not a scalar place
+        old_vt = container.maybe_getitem_const(key)
+    elif type(container) is ListVariable and key.is_python_constant():
+        index = key.as_python_constant()
+        if type(index) is int and -len(container.items) <= index < len(container.items):
+            old_vt = container.items[index]
+    old, source = _entered_value(old_vt)
+    if source is not None and type(old) in (int, float):
+        _mark_if_changed(source, old, value)
+
+
+def _mark_if_changed(source: "Source", old: Any, value: "VariableTracker") -> None:
+    from .module_scalars import mark_stored_int
+    from .variables.module_float import mark_stored_float
+
+    if type(old) is int:
+        mark_stored_int(source, old, value)
+    else:
+        mark_stored_float(source, old, value)
+
+
+def _changes_make_dynamic(source: "Source") -> bool:
+    from .module_scalars import enabled
+    from .source import ChainedSource, is_from_defaults
+
+    return (
+        enabled()
+        and config.automatic_dynamic_changed_scalars
+        and not config.specialize_int
+        and isinstance(source, ChainedSource)
+        and not is_from_defaults(source)
+    )
+
+
+def is_changed_scalar(tx: "InstructionTranslatorBase", source: "Source", value: int, entry: Any) -> bool:
+    """True if the int `value` at `source`, specialized by Dynamo whatever automatic
+    dynamic says (is_int_specialization_case), has been seen to change between
+    compiles (`entry` is its FrameStateSizeEntry) and is at an object's attribute or
+    in a container: it is then traced as a DYNAMIC SymInt. Not beyond int64, nor once
+    the graph computed an int beyond int64 from it (module_scalars' _Int64Check
+    specialized it): inductor computes SymInts in int64."""
+    from .module_scalars import _INT64_MAX, _INT64_MIN, _marked_names
+    from .pgo import auto_dynamic
+
+    return (
+        entry.scalar is auto_dynamic
+        and _changes_make_dynamic(source)
+        and _INT64_MIN <= value <= _INT64_MAX
+        and source.name not in _marked_names(tx, "specialized_module_scalars")
+    )
+
+
+def changed_scalar_hint(source: "Source", hint: str | None) -> str | None:
+    """The recompile hint of the value guard on such an int: say that a change makes
+    it dynamic (shown with the guard failure that recompiles)."""
+    if not _changes_make_dynamic(source):
+        return hint
+    return (
+        f"{source.name} is specialized until it changes; the recompile traces it as a dynamic SymInt "
+        "(torch._dynamo.config.automatic_dynamic_changed_scalars)"
+    )
+
+
+def wrap_changed_scalar(builder: "VariableBuilder", value: int) -> "VariableTracker":
+    from .module_scalars import wrap_mutated_module_scalar
+
+    recompiles_log.info("%s changed between calls: it is now traced as a dynamic SymInt", builder.source.name)
+    return wrap_mutated_module_scalar(builder, value)
