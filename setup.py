@@ -3,6 +3,15 @@
 Driven by `scripts/dynapatch.py build`, which sets DYNAPATCH_TORCH_ROOT to the base
 wheel's unpacked torch package; the result is placed into the custom wheel, not
 installed on its own.
+
+The build uses -Wall -Wextra -Werror. DYNAPATCH_GUARD_ACCEL_ASAN=1 builds an
+AddressSanitizer variant instead (for test runs only, never for a wheel), e.g.:
+
+    DYNAPATCH_GUARD_ACCEL_ASAN=1 DYNAPATCH_TORCH_ROOT=... python setup.py build_ext \
+        --build-temp /tmp/asan/temp --build-lib /tmp/asan/lib
+    # copy /tmp/asan/lib/torch/_dynamo/_guard_accel.*.so over the installed one, then
+    LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+        python -m pytest test/dynamo/test_guard_accel.py ...
 """
 
 import os
@@ -48,6 +57,7 @@ class CMakeBuild(build_ext):
             f"-DGUARD_ACCEL_VERSION={GUARD_ACCEL_VERSION}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DGUARD_ACCEL_ASAN={'ON' if os.environ.get('DYNAPATCH_GUARD_ACCEL_ASAN') == '1' else 'OFF'}",
         ])
         subprocess.check_call(["cmake", "--build", str(build_dir)])
 
