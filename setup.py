@@ -9,9 +9,14 @@ AddressSanitizer variant instead (for test runs only, never for a wheel), e.g.:
 
     DYNAPATCH_GUARD_ACCEL_ASAN=1 DYNAPATCH_TORCH_ROOT=... python setup.py build_ext \
         --build-temp /tmp/asan/temp --build-lib /tmp/asan/lib
-    # copy /tmp/asan/lib/torch/_dynamo/_guard_accel.*.so over the installed one, then
-    LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+    # put /tmp/asan/lib/torch/_dynamo/_guard_accel.*.so in place of the installed one, then
+    LD_PRELOAD="$(c++ -print-file-name=libasan.so) $(c++ -print-file-name=libstdc++.so)" \
+        ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc \
         python -m pytest test/dynamo/test_guard_accel.py ...
+
+libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw
+interceptor, set up before libtorch is loaded, would otherwise abort at the first
+C++ exception. PYTHONMALLOC=malloc makes Python objects ASan-checked allocations.
 """
 
 import os

@@ -82,7 +82,7 @@ def native_guards(guard_manager):
     )
 
 
-# Without the extension the guards are the stock ones; only the fallback tests run.
+# Without the extension the guards are Dynamo's per-tensor ones; only the fallback tests run.
 requires_extension = unittest.skipIf(
     guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
 )
@@ -710,8 +710,8 @@ instantiate_parametrized_tests(ModuleContainerTests)
 instantiate_parametrized_tests(ModuleBufferChangeTests)
 
 
-class StockFallbackTests(ContainerTestCase):
-    def test_switch_off_uses_stock_guards(self):
+class FallbackTests(ContainerTestCase):
+    def test_switch_off_uses_per_tensor_guards(self):
         xs = [torch.randn(4) for _ in range(64)]
         with config.patch(tensor_container_guards=False):
             fn, compiled, cnt = self.compile_once(foreach_add, xs)
@@ -744,7 +744,7 @@ class StockFallbackTests(ContainerTestCase):
                 fn2, compiled2, _ = self.compile_once(values_add, {str(i): x for i, x in enumerate(xs)})
             messages = [str(w.message) for w in caught if "_guard_accel" in str(w.message)]
             self.assertEqual(len(messages), 1, messages)
-            self.assertIn("stock guards", messages[0])
+            self.assertIn("a TENSOR_MATCH per tensor", messages[0])
             gm = guard_manager_of(fn)
             self.assertEqual(native_guards(gm), [])
             self.assertEqual(str(gm).count("TENSOR_MATCH"), 64)
@@ -755,7 +755,7 @@ class StockFallbackTests(ContainerTestCase):
 
 
 # ---------------------------------------------------------------------------
-# Randomized comparison with the stock guards.
+# Randomized comparison with the guards built without this patch (the switch off).
 
 
 def rand(shape, dtype):
@@ -901,7 +901,7 @@ def list_dict_and_tensor(xs, d, x):
 
 @requires_extension
 class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
-    """The accelerated guards accept exactly the inputs the stock guards accept."""
+    """The accelerated guards accept exactly the inputs the per-tensor guards accept."""
 
     CASES = 120  # per configuration
 
@@ -944,12 +944,12 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                 "dispatch_mode": PassThroughMode,
             }[mode]()
             with ctx:
-                stock = managers[False].check(f_locals)
+                per_tensor = managers[False].check(f_locals)
                 accel = managers[True].check(f_locals)
             self.assertEqual(
-                accel, stock, f"seed {seed} case {case} ({mode}): accel={accel} stock={stock}"
+                accel, per_tensor, f"seed {seed} case {case} ({mode}): accel={accel} per-tensor={per_tensor}"
             )
-            outcomes[stock] += 1
+            outcomes[per_tensor] += 1
         # Both outcomes are well represented: the comparison is not vacuous.
         self.assertGreater(outcomes[True], self.CASES // 10)
         self.assertGreater(outcomes[False], self.CASES // 4)
@@ -1030,8 +1030,8 @@ class InPlaceMutator(Mutator):
 
     KINDS = ["same", "values", "same_metadata", "attr", "attr"]
     KINDS += ["requires_grad", "dtype", "size", "stride", "rank", "neg", "t_"]
-    # Not mark_dynamic: the stock dict tag fast path checks TENSOR_MATCH of tagged
-    # tensors but not their dimension markings (accel rejects, stock accepts).
+    # Not mark_dynamic: the per-tensor guards' dict tag fast path checks TENSOR_MATCH of
+    # tagged tensors but not their dimension markings (accel rejects, they accept).
 
     def change(self, t):
         """Change t in place; returns the undo."""
@@ -1085,7 +1085,7 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
     place (no dict write, so no dict tag changes) and by writes to its containers."""
 
     @parametrize("recursive_dict_tags", [False, True])
-    def test_agrees_with_stock(self, recursive_dict_tags):
+    def test_agrees_with_per_tensor_guards(self, recursive_dict_tags):
         rng = random.Random(30)
         base = torch.randn(256)
         m = ModuleHeld(rng, base)
@@ -1104,7 +1104,7 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
             f_locals = {"self": m, "x": x}
             undo = []
             # First only changes in place, so that the dict tag fast path of both
-            # guard trees is taken until stock rejects; then writes as well.
+            # guard trees is taken until the per-tensor tree rejects; then writes as well.
             if case < 40 or rng.random() < 0.5:
                 for _ in range(rng.choice([1, 1, 2])):
                     container, key = rng.choice(m.slots())
@@ -1121,13 +1121,13 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
                 setattr(m, name, mutator.container(old, [c[k] for c, k in m.slots()]))
                 undo.append(lambda n=name, v=old: setattr(m, n, v))
             try:
-                stock = managers[False].check(f_locals)
+                per_tensor = managers[False].check(f_locals)
                 accel = managers[True].check(f_locals)
             finally:
                 for u in reversed(undo):
                     u()
-            self.assertEqual(accel, stock, f"case {case}: accel={accel} stock={stock}")
-            outcomes[stock] += 1
+            self.assertEqual(accel, per_tensor, f"case {case}: accel={accel} per-tensor={per_tensor}")
+            outcomes[per_tensor] += 1
         self.assertGreater(outcomes[True], 10)
         self.assertGreater(outcomes[False], 10)
 

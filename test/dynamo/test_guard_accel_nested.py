@@ -18,7 +18,11 @@ from torch.testing._internal.common_utils import (
     parametrize,
 )
 
-from test_guard_accel import run_bad_argument_cases  # noqa: E402 (patch 0008's helper)
+
+try:  # patch 0008's bad-argument runner
+    from .test_guard_accel import run_bad_argument_cases
+except ImportError:
+    from test_guard_accel import run_bad_argument_cases
 
 
 N = 1000
@@ -132,7 +136,7 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         # grads (64) and buffers (64); the parameters skip the no-aliasing guard
         self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 128)
 
-    def test_switch_off_is_stock(self):
+    def test_switch_off_keeps_per_tensor_guards(self):
         params = make_params(16)
         _, _, _, gm = compile_opt(params, accel=False)
         tree = str(gm)
@@ -152,13 +156,13 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertNotIn("___tensor_container_nested_0", gm.closure_vars)
         self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
-    def test_small_frames_stay_stock(self):
+    def test_small_frames_keep_per_tensor_guards(self):
         params = make_params(config.tensor_container_guard_min_size - 1)
         _, _, _, gm = compile_opt(params)
         self.assertIn("GradGuardAccessor", str(gm))
         self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
-    def test_subclass_grad_keeps_stock_guards(self):
+    def test_subclass_grad_keeps_per_tensor_guards(self):
         # A grad the native guard does not handle (a tensor subclass) keeps its
         # own NOT_NONE and TENSOR_MATCH guards; the other grads are native.
         class MyTensor(torch.Tensor):
@@ -175,9 +179,9 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
             with self.assertRaises(RecompileError):
                 compiled()
 
-    def test_inner_dict_keys_not_all_str_keep_stock_key_guards(self):
+    def test_inner_dict_keys_not_all_str_keep_their_key_guards(self):
         # The native guard checks inner dicts with str keys only; one with an int
-        # key keeps its stock key guards, and a key added to it still recompiles.
+        # key keeps its own key guards, and a key added to it still recompiles.
         params = make_params(16)
         opt = make_opt_class()(params)
         for i, p in enumerate(params):
@@ -480,7 +484,7 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
     CASES = 300
 
     @requires_extension
-    def test_agrees_with_stock(self):
+    def test_agrees_with_per_tensor_guards(self):
         for seed in range(2):
             params = make_params(24, none_grads={2, 11})
             managers = {}
@@ -497,13 +501,13 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                 new, undo = mutator.case()
                 try:
                     f_locals = {"self": new}
-                    stock = managers[False].check(f_locals)
+                    per_tensor = managers[False].check(f_locals)
                     accel = managers[True].check(f_locals)
                 finally:
                     for u in reversed(undo):
                         u()
-                self.assertEqual(accel, stock, f"seed {seed} case {case}")
-                outcomes[stock] += 1
+                self.assertEqual(accel, per_tensor, f"seed {seed} case {case}")
+                outcomes[per_tensor] += 1
             self.assertGreater(outcomes[True], self.CASES // 10)
             self.assertGreater(outcomes[False], self.CASES // 4)
 
