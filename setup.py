@@ -3,6 +3,20 @@
 Driven by `scripts/dynapatch.py build`, which sets DYNAPATCH_TORCH_ROOT to the base
 wheel's unpacked torch package; the result is placed into the custom wheel, not
 installed on its own.
+
+The build uses -Wall -Wextra -Werror. DYNAPATCH_GUARD_ACCEL_ASAN=1 builds an
+AddressSanitizer variant instead (for test runs only, never for a wheel), e.g.:
+
+    DYNAPATCH_GUARD_ACCEL_ASAN=1 DYNAPATCH_TORCH_ROOT=... python setup.py build_ext \
+        --build-temp /tmp/asan/temp --build-lib /tmp/asan/lib
+    # put /tmp/asan/lib/torch/_dynamo/_guard_accel.*.so in place of the installed one, then
+    LD_PRELOAD="$(c++ -print-file-name=libasan.so) $(c++ -print-file-name=libstdc++.so)" \
+        ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc \
+        python -m pytest test/dynamo/test_guard_accel.py ...
+
+libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw
+interceptor, set up before libtorch is loaded, would otherwise abort at the first
+C++ exception. PYTHONMALLOC=malloc makes Python objects ASan-checked allocations.
 """
 
 import os
@@ -48,6 +62,7 @@ class CMakeBuild(build_ext):
             f"-DGUARD_ACCEL_VERSION={GUARD_ACCEL_VERSION}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DGUARD_ACCEL_ASAN={'ON' if os.environ.get('DYNAPATCH_GUARD_ACCEL_ASAN') == '1' else 'OFF'}",
         ])
         subprocess.check_call(["cmake", "--build", str(build_dir)])
 

@@ -1,8 +1,8 @@
 // TensorContainerGuard: one native leaf guard for a list, tuple or dict of tensors.
 //
-// Stock Dynamo checks every tensor of a container through its own guard node: an
-// accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share of the
-// relational NO_TENSOR_ALIASING guard. This guard keeps the same per-tensor facts
+// Without it, Dynamo checks every tensor of a container through its own guard
+// node: an accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share of
+// the relational NO_TENSOR_ALIASING guard. This guard keeps the same per-tensor facts
 // as flat records and checks a whole container in one loop with early exit. It is
 // a plain Python callable (vectorcall), installed with GuardManager.add_lambda_guard
 // on the container's node by torch/_dynamo/guard_accel.py.
@@ -14,6 +14,12 @@
 // checks the dimension-marking attributes (_dynamo_dynamic_indices & co) the way
 // DIMENSION_DYNAMIC_MARKING_GUARD does. Aliasing is collected into a
 // TensorAliasingGroup and decided once per check by its epilogue guard.
+//
+// Shape (for an in-tree port to torch/csrc/dynamo/guards.cpp): each guard class
+// has LeafGuard's interface, check_nopybind (hot path) and check_verbose_nopybind
+// (a GuardDebugInfo with the reason); strong references are py::object members;
+// every C-API entry point runs inside GUARD_ACCEL_TRY/CATCH (HANDLE_TH_ERRORS
+// in-tree), so no C++ exception reaches the interpreter.
 #include "tensor_container_guard.h"
 
 #include <c10/core/DispatchKeySet.h>
@@ -21,10 +27,13 @@
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +42,64 @@ namespace py = pybind11;
 
 namespace dynapatch {
 namespace {
+
+// Sets the Python error for the C++ exception being handled. Called from a catch
+// block only; never throws.
+void set_python_error_from_current_exception() noexcept {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (...) {
+    try {
+      // c10::Error and std exceptions, as HANDLE_TH_ERRORS translates them.
+      torch::translate_exception_to_python(std::current_exception());
+    } catch (...) {
+      PyErr_SetString(PyExc_RuntimeError, "torch._dynamo._guard_accel: unknown C++ exception");
+    }
+  }
+}
+
+// The body of every C-API entry point (tp_call/vectorcall, methods, tp_new):
+// a C++ exception becomes a Python error and the function returns `retval`.
+#define GUARD_ACCEL_TRY try {
+#define GUARD_ACCEL_CATCH(retval)               \
+  }                                             \
+  catch (...) {                                 \
+    set_python_error_from_current_exception();  \
+    return retval;                              \
+  }
+
+// What torch/csrc/dynamo/guards.cpp's GuardDebugInfo carries for a leaf guard.
+struct GuardDebugInfo {
+  explicit GuardDebugInfo(bool result) : result(result) {}
+  GuardDebugInfo(bool result, std::string failure_reason)
+      : result(result), failure_reason(std::move(failure_reason)) {}
+  bool result;
+  std::string failure_reason; // empty when result is true
+  int num_guards_executed = 1;
+};
+
+// LeafGuard's interface without its RootGuardManager / verbose_code_parts
+// plumbing (which the Python-side add_lambda_guard provides out of tree).
+class LeafGuardLike {
+ public:
+  virtual ~LeafGuardLike() = default;
+  virtual bool check_nopybind(PyObject* value) = 0;
+  virtual GuardDebugInfo check_verbose_nopybind(PyObject* value) = 0;
+};
+
+// Interned at module init and never released: the module lives as long as the
+// interpreter.
+PyObject* intern(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) {
+    throw py::error_already_set();
+  }
+  return o;
+}
 
 // A size or stride entry that is not checked (a dynamic dimension).
 constexpr int64_t kUnchecked = std::numeric_limits<int64_t>::min();
@@ -46,7 +113,7 @@ const char* const kMarkAttrNames[kNumMarkAttrs] = {
     "_dynamo_strict_unbacked_indices",
     "_dynamo_static_indices",
 };
-PyObject* g_mark_attr_names[kNumMarkAttrs] = {};
+PyObject* g_mark_attr_names[kNumMarkAttrs] = {}; // interned, see intern()
 PyObject* g_issubset_name = nullptr;
 
 // torch.utils._python_dispatch keeps, in a module global, the flag that Dynamo's
@@ -75,6 +142,9 @@ bool should_mask_python_keys() {
 }
 
 // The dispatch key transformation of Dynamo's LocalState, from the current TLS.
+// LocalState itself (torch/csrc/dynamo/guards.h) reads the mode flag through
+// get_is_in_mode_without_ignore_compile_internals(), which libtorch_python does not
+// export; an in-tree port uses LocalState and drops this class and the flag lookup.
 class DispatchState {
  public:
   DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}
@@ -177,28 +247,31 @@ constexpr int32_t kGradMustBePresent = -3;
 
 // Everything TENSOR_MATCH and the dimension-marking guard know about one tensor.
 struct Record {
-  PyTypeObject* pytype; // strong
-  uint64_t dispatch_keys; // LocalState-applied key set at build time
-  c10::ScalarType dtype;
-  c10::DeviceIndex device_index;
-  bool requires_grad;
-  int32_t alias_slot; // index into the aliasing participant, or -1
-  int32_t rank;
-  uint32_t shape_offset; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
-  int32_t marks; // -1: every mark attribute must be absent; else index into marks_
-  Py_ssize_t locator; // list/tuple index or dict position
-  PyObject* key; // strong; the dict key (dict containers; kDictNested: the inner key)
-  int32_t grad; // kGrad* or an index into grad_records_
+  py::object pytype; // the exact Python type
+  PyTypeObject* type() const {
+    return reinterpret_cast<PyTypeObject*>(pytype.ptr());
+  }
+  uint64_t dispatch_keys = 0; // LocalState-applied key set at build time
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::DeviceIndex device_index = -1;
+  bool requires_grad = false;
+  int32_t alias_slot = -1; // index into the aliasing participant, or -1
+  int32_t rank = 0;
+  uint32_t shape_offset = 0; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
+  int32_t marks = -1; // -1: every mark attribute must be absent; else index into marks_
+  Py_ssize_t locator = 0; // list/tuple index or dict position
+  py::object key; // the dict key (dict containers; kDictNested: the inner key), else null
+  int32_t grad = kGradUnchecked; // kGrad* or an index into grad_records_
   // ma_version_tag of the instance __dict__ that last passed the marking check.
   // Dict versions are unique process-wide (a new or modified dict gets a new
   // one), so an equal version means the same, unmodified __dict__.
-  mutable uint64_t passed_dict_version;
+  mutable uint64_t passed_dict_version = 0;
 };
 
 // Per mark attribute: nullptr means the attribute must be absent; otherwise a
 // present attribute must be a subset of this object (guards.py's issubset check).
 struct MarkExpectation {
-  PyObject* subset_of[kNumMarkAttrs];
+  py::object subset_of[kNumMarkAttrs];
 };
 
 enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
@@ -215,7 +288,7 @@ enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
 // passes without looking at a single pointer; otherwise all identities go
 // through a hash set, and on success the dirty marks are cleared. Identities are
 // compared as raw pointers only, never dereferenced: no tensor is kept alive.
-class TensorAliasingGroup {
+class TensorAliasingGroup final : public LeafGuardLike {
  public:
   struct Participant {
     std::vector<PyObject*> current;
@@ -233,6 +306,19 @@ class TensorAliasingGroup {
 
   Participant& participant(int index) {
     return participants_[index];
+  }
+
+  // The argument (the frame locals, as an epilogue guard) is unused.
+  bool check_nopybind(PyObject* /*value*/) override {
+    return check();
+  }
+
+  GuardDebugInfo check_verbose_nopybind(PyObject* /*value*/) override {
+    std::string d = describe_duplicate();
+    if (d.empty()) {
+      return GuardDebugInfo(true);
+    }
+    return GuardDebugInfo(false, std::move(d));
   }
 
   bool check() {
@@ -298,43 +384,49 @@ C10_ALWAYS_INLINE void record_identity(
   }
 }
 
-class TensorContainerGuard {
+class TensorContainerGuard final : public LeafGuardLike {
  public:
-  ~TensorContainerGuard();
-
   // Hot path: true iff every record matches.
-  bool check(PyObject* container);
-  // Slow path: the first mismatch (field kNone if none).
+  bool check_nopybind(PyObject* container) override;
+  // Slow path: whether it matches and, if not, the first mismatch named.
+  GuardDebugInfo check_verbose_nopybind(PyObject* container) override;
+  // The first mismatch (field kNone if none).
   Mismatch find_mismatch(PyObject* container);
   std::string describe(const Mismatch& m);
   std::string describe_fields(const Record& r, const Mismatch& m);
 
   Kind kind_ = Kind::kList;
   std::string container_name_;
-  PyTypeObject* dict_type_ = nullptr; // strong; kDictOrdered
+  py::object dict_type_; // kDictOrdered: the exact dict type (a dict subclass)
   Py_ssize_t dict_size_ = 0; // kDictOrdered
-  std::vector<PyObject*> ordered_keys_; // strong; kDictOrdered: every key, in order
+  std::vector<py::object> ordered_keys_; // kDictOrdered: every key, in order
   std::vector<Record> records_; // sorted by locator
-  // kDictNested: the type of every dict holding a recorded tensor (strong).
-  PyTypeObject* inner_type_ = nullptr;
+  // kDictNested: the type of every dict holding a recorded tensor.
+  py::object inner_type_;
+  PyTypeObject* dict_type() const {
+    return reinterpret_cast<PyTypeObject*>(dict_type_.ptr());
+  }
+  PyTypeObject* inner_type() const {
+    return reinterpret_cast<PyTypeObject*>(inner_type_.ptr());
+  }
   // kDictNested: the keys, in order, of the inner dicts whose keys are checked
-  // (exact str, strong). Per record: inner_keys_of_, an index into inner_keys_ for
+  // (exact str). Per record: inner_keys_of_, an index into inner_keys_ for
   // the first record of such a dict's position, else -1; inner_key_index_, the
   // index of the record's key in those keys. Empty when no keys are checked.
-  std::vector<std::vector<PyObject*>> inner_keys_;
+  std::vector<std::vector<py::object>> inner_keys_;
   std::vector<int32_t> inner_keys_of_;
   std::vector<int32_t> inner_key_index_;
   std::vector<PyObject*> inner_values_; // scratch: borrowed, one check
-  bool read_inner_dict(PyObject* dict, const std::vector<PyObject*>& keys);
-  // The .grad of elements (Record::grad >= 0); locator and key unused, grad unchecked.
+  bool read_inner_dict(PyObject* dict, const std::vector<py::object>& keys);
+  // The .grad of elements (Record::grad >= 0); locator and key unused, grad
+  // unchecked. Reasons name a grad after its element (names_[i] + ".grad").
   std::vector<Record> grad_records_;
-  std::vector<std::string> grad_names_;
   std::vector<int64_t> shape_;
-  std::vector<MarkExpectation> marks_; // strong refs inside
+  std::vector<MarkExpectation> marks_;
   std::vector<std::string> names_; // per record, e.g. L['xs'][3]
-  std::vector<PyTypeObject*> tensor_types_; // distinct record types (borrowed)
+  std::vector<PyTypeObject*> tensor_types_; // distinct record types (owned by records_)
   std::vector<unsigned int> type_versions_; // version tag at last verification
-  PyObject* group_object_ = nullptr; // strong; TensorAliasingGroup object
+  py::object group_object_; // the TensorAliasingGroup object owning group_
   TensorAliasingGroup* group_ = nullptr;
   int participant_ = -1;
   std::vector<PyObject*> elements_; // scratch: borrowed, valid during one check
@@ -364,32 +456,6 @@ class TensorContainerGuard {
   bool mark_matches(const Record& r, int a, PyObject* present);
   bool scan_marks(const Record& r, PyObject* dict, int* attr_out);
 };
-
-TensorContainerGuard::~TensorContainerGuard() {
-  for (Record& r : records_) {
-    Py_XDECREF(r.pytype);
-    Py_XDECREF(r.key);
-  }
-  for (Record& r : grad_records_) {
-    Py_XDECREF(r.pytype);
-  }
-  Py_XDECREF(inner_type_);
-  for (std::vector<PyObject*>& keys : inner_keys_) {
-    for (PyObject* k : keys) {
-      Py_XDECREF(k);
-    }
-  }
-  for (MarkExpectation& m : marks_) {
-    for (PyObject* o : m.subset_of) {
-      Py_XDECREF(o);
-    }
-  }
-  for (PyObject* k : ordered_keys_) {
-    Py_XDECREF(k);
-  }
-  Py_XDECREF(dict_type_);
-  Py_XDECREF(group_object_);
-}
 
 // The dimension-marking attributes can only come from the instance __dict__ as
 // long as the tensor types do not define them; verify that once per type
@@ -443,37 +509,41 @@ bool is_set_of_ints(PyObject* obj) {
   if (!PyAnySet_CheckExact(obj)) {
     return false;
   }
-  PyObject* it = PyObject_GetIter(obj);
-  if (it == nullptr) {
+  // Iterating an exact set runs no Python code.
+  auto it = py::reinterpret_steal<py::object>(PyObject_GetIter(obj));
+  if (!it) {
     PyErr_Clear();
     return false;
   }
   bool ints = true;
-  while (PyObject* item = PyIter_Next(it)) {
-    ints &= PyLong_CheckExact(item);
-    Py_DECREF(item);
+  while (auto item = py::reinterpret_steal<py::object>(PyIter_Next(it.ptr()))) {
+    ints &= PyLong_CheckExact(item.ptr());
   }
-  Py_DECREF(it);
-  PyErr_Clear();
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
   return ints;
 }
 
 bool TensorContainerGuard::mark_matches(const Record& r, int a, PyObject* present) {
-  PyObject* expected = r.marks < 0 ? nullptr : marks_[r.marks].subset_of[a];
+  PyObject* expected = r.marks < 0 ? nullptr : marks_[r.marks].subset_of[a].ptr();
   if (expected == nullptr) {
     return false; // compiled without the attribute: a new marking recompiles
   }
   if (!is_set_of_ints(present)) {
     return false;
   }
-  PyObject* ok = PyObject_CallMethodOneArg(present, g_issubset_name, expected);
-  if (ok == nullptr) {
+  auto ok = py::reinterpret_steal<py::object>(
+      PyObject_CallMethodOneArg(present, g_issubset_name, expected));
+  if (!ok) {
     PyErr_Clear();
     return false;
   }
-  int truth = PyObject_IsTrue(ok);
-  Py_DECREF(ok);
-  PyErr_Clear();
+  int truth = PyObject_IsTrue(ok.ptr());
+  if (truth < 0) {
+    PyErr_Clear();
+  }
   return truth == 1;
 }
 
@@ -545,7 +615,7 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
     }
     return false;
   };
-  if (Py_TYPE(obj) != r.pytype) {
+  if (Py_TYPE(obj) != r.type()) {
     return fail(Field::kType);
   }
   c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
@@ -629,19 +699,20 @@ bool TensorContainerGuard::check_grad(
   }
   // The grad's Python object, as `tensor.grad` returns it: the one its
   // TensorImpl already has (alive while the grad is), else a new one.
-  PyObject* grad_obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-  if (grad_obj != nullptr) {
-    Py_INCREF(grad_obj);
+  py::object grad_obj;
+  if (PyObject* existing = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
+    grad_obj = py::reinterpret_borrow<py::object>(existing);
   } else {
-    grad_obj = THPVariable_Wrap(grad);
-    if (grad_obj == nullptr) {
+    grad_obj = py::reinterpret_steal<py::object>(THPVariable_Wrap(grad));
+    if (!grad_obj) {
       PyErr_Clear();
       return fail(Field::kGradNone);
     }
   }
   const Record& g = grad_records_[r.grad];
-  bool ok = check_record<kVerbose>(g, grad_obj, ds, aliasing, out);
-  Py_DECREF(grad_obj); // the grad keeps its Python object alive (preservation)
+  // Released at return; the grad keeps its Python object alive (preservation),
+  // so the identity recorded for aliasing stays the one `tensor.grad` returns.
+  bool ok = check_record<kVerbose>(g, grad_obj.ptr(), ds, aliasing, out);
   if (!ok) {
     if constexpr (kVerbose) {
       out->in_grad = true;
@@ -670,7 +741,7 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
   }
   if (i + kImplAhead < n) {
     PyObject* obj = elements[i + kImplAhead];
-    if (Py_TYPE(obj) == records_[i + kImplAhead].pytype) {
+    if (Py_TYPE(obj) == records_[i + kImplAhead].type()) {
       const char* impl =
           reinterpret_cast<const char*>(THPVariable_Unpack(obj).unsafeGetTensorImpl());
       for (int line = 0; line < 4; line++) {
@@ -683,7 +754,7 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
   if (n >= kIndirectMinRecords && i + kIndirectAhead < n) {
     PyObject* obj = elements[i + kIndirectAhead];
     const Record& r = records_[i + kIndirectAhead];
-    if (Py_TYPE(obj) == r.pytype) {
+    if (Py_TYPE(obj) == r.type()) {
       PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
       if (dict_ptr != nullptr && *dict_ptr != nullptr) {
         __builtin_prefetch(*dict_ptr);
@@ -707,7 +778,7 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
 // True iff the keys of the exact dict are `keys`, in order; its values go to
 // inner_values_ (one walk, no lookups). Both sides are exact str, so comparing
 // them runs no Python code.
-bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<PyObject*>& keys) {
+bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<py::object>& keys) {
   if (PyDict_GET_SIZE(dict) != static_cast<Py_ssize_t>(keys.size())) {
     return false;
   }
@@ -715,8 +786,8 @@ bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<PyO
   PyObject* key = nullptr;
   PyObject* value = nullptr;
   for (size_t k = 0; PyDict_Next(dict, &pos, &key, &value); k++) {
-    if (key != keys[k] &&
-        !(PyUnicode_CheckExact(key) && PyUnicode_Compare(key, keys[k]) == 0)) {
+    if (key != keys[k].ptr() &&
+        !(PyUnicode_CheckExact(key) && PyUnicode_Compare(key, keys[k].ptr()) == 0)) {
       return false;
     }
     inner_values_[k] = value;
@@ -776,7 +847,8 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       while (i < n && PyDict_Next(container, &pos, &key, &value)) {
         const Record& r = records_[i];
         if (r.locator == position) {
-          elements_[i] = key == r.key ? value : PyDict_GetItemWithError(container, r.key);
+          elements_[i] =
+              key == r.key.ptr() ? value : PyDict_GetItemWithError(container, r.key.ptr());
           if (elements_[i] == nullptr) {
             PyErr_Clear();
             return fail(Field::kMissing, i);
@@ -786,7 +858,7 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
         position++;
       }
       for (; i < n; i++) { // the dict got shorter: plain lookups
-        elements_[i] = PyDict_GetItemWithError(container, records_[i].key);
+        elements_[i] = PyDict_GetItemWithError(container, records_[i].key.ptr());
         if (elements_[i] == nullptr) {
           PyErr_Clear();
           return fail(Field::kMissing, i);
@@ -797,7 +869,7 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
     case Kind::kDictOrdered: {
       // What DictGuardManager + a key manager per key check: exact type, size,
       // and the key at every position (EQUALS_MATCH).
-      if (Py_TYPE(container) != dict_type_) {
+      if (Py_TYPE(container) != dict_type()) {
         return fail(Field::kContainerType);
       }
       if (PyDict_GET_SIZE(container) != dict_size_) {
@@ -809,7 +881,12 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       PyObject* key = nullptr;
       PyObject* value = nullptr;
       while (PyDict_Next(container, &pos, &key, &value)) {
-        PyObject* expected_key = ordered_keys_[position];
+        if (position >= dict_size_) {
+          // The dict grew while being walked (only possible if a key's __eq__
+          // ran code, which exact int/str keys never do): fail, never overrun.
+          return fail(Field::kContainerLength);
+        }
+        PyObject* expected_key = ordered_keys_[position].ptr();
         if (key != expected_key) {
           // Keys are exact int or str, so no Python code runs.
           bool equal = Py_TYPE(key) == Py_TYPE(expected_key) &&
@@ -828,6 +905,9 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
           elements_[i++] = value;
         }
         position++;
+      }
+      if (i < n) {
+        return fail(Field::kMissing, i); // never: locators are checked to be < dict_size_
       }
       return true;
     }
@@ -862,12 +942,12 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
         if (i + kDictAhead < n) {
           __builtin_prefetch(elements_[i + kDictAhead]);
         }
-        if (i + kKeysAhead < n && Py_TYPE(elements_[i + kKeysAhead]) == inner_type_) {
+        if (i + kKeysAhead < n && Py_TYPE(elements_[i + kKeysAhead]) == inner_type()) {
           __builtin_prefetch(
               reinterpret_cast<PyDictObject*>(elements_[i + kKeysAhead])->ma_keys);
         }
         inner = elements_[i];
-        if (Py_TYPE(inner) != inner_type_) {
+        if (Py_TYPE(inner) != inner_type()) {
           if constexpr (kVerbose) {
             out->field = Field::kInnerType;
             out->record = i;
@@ -893,7 +973,7 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
           i--; // the loop's increment
           continue;
         }
-        elements_[i] = PyDict_GetItemWithError(inner, records_[i].key);
+        elements_[i] = PyDict_GetItemWithError(inner, records_[i].key.ptr());
         if (elements_[i] == nullptr) {
           PyErr_Clear();
           return fail(Field::kMissing, i);
@@ -949,8 +1029,16 @@ bool TensorContainerGuard::run(PyObject* container, Mismatch* out) {
   return true;
 }
 
-bool TensorContainerGuard::check(PyObject* container) {
+bool TensorContainerGuard::check_nopybind(PyObject* container) {
   return run<false>(container, nullptr);
+}
+
+GuardDebugInfo TensorContainerGuard::check_verbose_nopybind(PyObject* container) {
+  Mismatch m = find_mismatch(container);
+  if (m.field == Field::kNone) {
+    return GuardDebugInfo(true);
+  }
+  return GuardDebugInfo(false, describe(m));
 }
 
 Mismatch TensorContainerGuard::find_mismatch(PyObject* container) {
@@ -965,16 +1053,17 @@ std::string py_repr(PyObject* obj) {
   if (obj == nullptr) {
     return "<null>";
   }
-  PyObject* r = PyObject_Repr(obj);
-  if (r == nullptr) {
+  auto r = py::reinterpret_steal<py::object>(PyObject_Repr(obj));
+  if (!r) {
     PyErr_Clear();
     return "<unprintable>";
   }
-  const char* s = PyUnicode_AsUTF8(r);
-  std::string out = s != nullptr ? s : "<unprintable>";
-  Py_DECREF(r);
-  PyErr_Clear();
-  return out;
+  const char* s = PyUnicode_AsUTF8(r.ptr());
+  if (s == nullptr) {
+    PyErr_Clear(); // e.g. a lone surrogate in the repr
+    return "<unprintable>";
+  }
+  return s;
 }
 
 // repr() of exact str and int keys only: other keys could run user code.
@@ -985,29 +1074,24 @@ std::string key_repr(PyObject* key) {
   return std::string("<") + Py_TYPE(key)->tp_name + " object>";
 }
 
-std::string keys_repr(const std::vector<PyObject*>& keys) {
+std::string keys_repr(const std::vector<py::object>& keys) {
   std::string out = "[";
   for (size_t k = 0; k < keys.size(); k++) {
-    out += (k ? ", " : "") + key_repr(keys[k]);
+    out += (k ? ", " : "") + key_repr(keys[k].ptr());
   }
   return out + "]";
 }
 
 std::string dict_keys_repr(PyObject* dict) {
   // Held: repr() allocates, and a collection could run finalizers that change the dict.
-  std::vector<PyObject*> keys;
+  std::vector<py::object> keys;
   Py_ssize_t pos = 0;
   PyObject* key = nullptr;
   PyObject* value = nullptr;
   while (PyDict_Next(dict, &pos, &key, &value)) {
-    Py_INCREF(key);
-    keys.push_back(key);
+    keys.push_back(py::reinterpret_borrow<py::object>(key));
   }
-  std::string out = keys_repr(keys);
-  for (PyObject* k : keys) {
-    Py_DECREF(k);
-  }
-  return out;
+  return keys_repr(keys);
 }
 
 std::string dtype_name(c10::ScalarType t) {
@@ -1034,7 +1118,7 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
         break;
       case Field::kKey:
         os << "key at position " << m.position << " changed "
-           << py_repr(ordered_keys_[m.position]) << " -> " << py_repr(m.value);
+           << py_repr(ordered_keys_[m.position].ptr()) << " -> " << py_repr(m.value);
         break;
       case Field::kDimMarking:
         os << "type " << reinterpret_cast<PyTypeObject*>(m.value)->tp_name
@@ -1053,7 +1137,7 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
   }
   if (m.field == Field::kInnerType) {
     os << names_[m.record] << ": the dict holding it changed type "
-       << inner_type_->tp_name << " -> " << Py_TYPE(m.value)->tp_name;
+       << inner_type()->tp_name << " -> " << Py_TYPE(m.value)->tp_name;
     return os.str();
   }
   if (m.field == Field::kMissing) {
@@ -1077,18 +1161,16 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
       os << "check failed";
       return os.str();
     }
-    PyObject* grad_obj = THPVariable_Wrap(grad);
-    if (grad_obj == nullptr) {
+    auto grad_obj = py::reinterpret_steal<py::object>(THPVariable_Wrap(grad));
+    if (!grad_obj) {
       PyErr_Clear();
       os << "check failed";
       return os.str();
     }
     Mismatch inner = m;
     inner.in_grad = false;
-    inner.value = grad_obj;
-    std::string field = describe_fields(grad_records_[owner.grad], inner);
-    Py_DECREF(grad_obj);
-    os << field;
+    inner.value = grad_obj.ptr();
+    os << describe_fields(grad_records_[owner.grad], inner);
     return os.str();
   }
   os << names_[m.record] << ": " << describe_fields(records_[m.record], m);
@@ -1098,7 +1180,7 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
 std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatch& m) {
   std::ostringstream os;
   if (m.field == Field::kType) {
-    os << "type changed " << _PyType_Name(r.pytype) << " -> "
+    os << "type changed " << _PyType_Name(r.type()) << " -> "
        << _PyType_Name(Py_TYPE(m.value));
     return os.str();
   }
@@ -1140,7 +1222,7 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
       bool expected = r.marks >= 0 && m.dim >= 0 && marks_[r.marks].subset_of[m.dim];
       if (expected) {
         os << attr << " is not a subset of "
-           << py_repr(marks_[r.marks].subset_of[m.dim]);
+           << py_repr(marks_[r.marks].subset_of[m.dim].ptr());
       } else {
         os << attr << " was set after compilation";
       }
@@ -1149,7 +1231,7 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
     default:
       os << "check failed";
   }
-  if (std::strcmp(_PyType_Name(r.pytype), "Parameter") == 0 &&
+  if (std::strcmp(_PyType_Name(r.type()), "Parameter") == 0 &&
       (m.field == Field::kSize || m.field == Field::kStride)) {
     os << " (a parameter; torch._dynamo.config.force_parameter_static_shapes = False "
           "allows dynamic shapes on parameters)";
@@ -1172,17 +1254,37 @@ struct GroupObject {
   TensorAliasingGroup* group;
 };
 
+// One single tensor's entry in a TensorAliasingGroup: records its identity.
+class TensorAliasingSlot final : public LeafGuardLike {
+ public:
+  TensorAliasingSlot(py::object group_object, TensorAliasingGroup* group, int participant)
+      : group_object_(std::move(group_object)), group_(group), participant_(participant) {}
+
+  bool check_nopybind(PyObject* tensor) override {
+    record_identity(group_->participant(participant_), 0, tensor);
+    return true;
+  }
+
+  GuardDebugInfo check_verbose_nopybind(PyObject* tensor) override {
+    return GuardDebugInfo(check_nopybind(tensor));
+  }
+
+ private:
+  py::object group_object_; // keeps group_ alive
+  TensorAliasingGroup* group_;
+  int participant_; // with one entry
+};
+
 struct SlotObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  PyObject* group_object; // strong
-  TensorAliasingGroup* group;
-  int participant; // with one entry
+  TensorAliasingSlot* slot; // owned
 };
 
-PyTypeObject GuardType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-PyTypeObject GroupType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-PyTypeObject SlotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+// Static types, zero-initialized here and filled in by ready_type at module init.
+PyTypeObject GuardType{};
+PyTypeObject GroupType{};
+PyTypeObject SlotType{};
 
 PyObject* one_arg(PyObject* const* args, size_t nargsf, PyObject* kwnames, const char* what) {
   if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
@@ -1192,36 +1294,58 @@ PyObject* one_arg(PyObject* const* args, size_t nargsf, PyObject* kwnames, const
   return args[0];
 }
 
-PyObject* guard_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames) {
-  PyObject* container = one_arg(args, nargsf, kwnames, "TensorContainerGuard");
-  if (container == nullptr) {
-    return nullptr;
-  }
-  if (reinterpret_cast<GuardObject*>(self)->guard->check(container)) {
+// The Python results of a leaf guard: a bool for a check, True or the reason for
+// explain().
+PyObject* check_result(bool ok) {
+  if (ok) {
     Py_RETURN_TRUE;
   }
   Py_RETURN_FALSE;
 }
 
-PyObject* guard_explain(PyObject* self, PyObject* container) {
-  TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
-  Mismatch m = g->find_mismatch(container);
-  if (m.field == Field::kNone) {
+PyObject* explain_result(const GuardDebugInfo& info) {
+  if (info.result) {
     Py_RETURN_TRUE;
   }
-  return PyUnicode_FromString(g->describe(m).c_str());
+  // Reasons embed repr()s; never fail on bytes that are not UTF-8.
+  return PyUnicode_DecodeUTF8(
+      info.failure_reason.data(),
+      static_cast<Py_ssize_t>(info.failure_reason.size()),
+      "replace");
 }
 
-PyObject* guard_len(PyObject* self, PyObject*) {
+PyObject* string_result(const std::string& s) {
+  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+}
+
+PyObject* guard_vectorcall(
+    PyObject* self,
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames) {
+  GUARD_ACCEL_TRY
+  PyObject* container = one_arg(args, nargsf, kwnames, "TensorContainerGuard");
+  if (container == nullptr) {
+    return nullptr;
+  }
+  return check_result(reinterpret_cast<GuardObject*>(self)->guard->check_nopybind(container));
+  GUARD_ACCEL_CATCH(nullptr)
+}
+
+PyObject* guard_explain(PyObject* self, PyObject* container) {
+  GUARD_ACCEL_TRY
+  return explain_result(
+      reinterpret_cast<GuardObject*>(self)->guard->check_verbose_nopybind(container));
+  GUARD_ACCEL_CATCH(nullptr)
+}
+
+PyObject* guard_len(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromSsize_t(
       static_cast<Py_ssize_t>(reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
 }
 
-PyObject* guard_summary(PyObject* self, PyObject*) {
+PyObject* guard_summary(PyObject* self, PyObject* /*unused*/) {
+  GUARD_ACCEL_TRY
   TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
   std::ostringstream os;
   os << "tensor metadata of " << g->records_.size()
@@ -1252,7 +1376,8 @@ PyObject* guard_summary(PyObject* self, PyObject*) {
   if (!g->inner_keys_.empty()) {
     os << ", and the keys in order of the " << g->inner_keys_.size() << " dicts holding them";
   }
-  return PyUnicode_FromString(os.str().c_str());
+  return string_result(os.str());
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
 void guard_dealloc(PyObject* self) {
@@ -1274,22 +1399,23 @@ PyObject* group_vectorcall(
     PyObject* const* args,
     size_t nargsf,
     PyObject* kwnames) {
-  // Installed as an epilogue guard: the argument (the frame locals) is unused.
-  if (reinterpret_cast<GroupObject*>(self)->group->check()) {
-    Py_RETURN_TRUE;
-  }
-  Py_RETURN_FALSE;
+  GUARD_ACCEL_TRY
+  // Installed as an epilogue guard: called with the frame locals, which it
+  // does not read; any arguments are accepted.
+  PyObject* value = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : Py_None;
+  (void)kwnames;
+  return check_result(reinterpret_cast<GroupObject*>(self)->group->check_nopybind(value));
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
-PyObject* group_explain(PyObject* self, PyObject* const*, Py_ssize_t) {
-  std::string d = reinterpret_cast<GroupObject*>(self)->group->describe_duplicate();
-  if (d.empty()) {
-    Py_RETURN_TRUE;
-  }
-  return PyUnicode_FromString(d.c_str());
+PyObject* group_explain(PyObject* self, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  GUARD_ACCEL_TRY
+  return explain_result(
+      reinterpret_cast<GroupObject*>(self)->group->check_verbose_nopybind(Py_None));
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
-PyObject* group_num_tensors(PyObject* self, PyObject*) {
+PyObject* group_num_tensors(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromSize_t(reinterpret_cast<GroupObject*>(self)->group->num_tensors());
 }
 
@@ -1300,22 +1426,29 @@ PyObject* slot_vectorcall(
     PyObject* kwnames);
 
 PyObject* group_add_tensor(PyObject* self, PyObject* name) {
+  GUARD_ACCEL_TRY
   if (!PyUnicode_Check(name)) {
     PyErr_SetString(PyExc_TypeError, "add_tensor(name: str)");
     return nullptr;
   }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(name, &size);
+  if (utf8 == nullptr) {
+    return nullptr; // e.g. UnicodeEncodeError for a lone surrogate
+  }
   TensorAliasingGroup* group = reinterpret_cast<GroupObject*>(self)->group;
-  int p = group->add_participant({PyUnicode_AsUTF8(name)});
-  SlotObject* slot = PyObject_New(SlotObject, &SlotType);
-  if (slot == nullptr) {
+  auto slot = std::make_unique<TensorAliasingSlot>(
+      py::reinterpret_borrow<py::object>(self),
+      group,
+      group->add_participant({std::string(utf8, static_cast<size_t>(size))}));
+  SlotObject* obj = PyObject_New(SlotObject, &SlotType);
+  if (obj == nullptr) {
     return nullptr;
   }
-  slot->vectorcall = slot_vectorcall;
-  Py_INCREF(self);
-  slot->group_object = self;
-  slot->group = group;
-  slot->participant = p;
-  return reinterpret_cast<PyObject*>(slot);
+  obj->vectorcall = slot_vectorcall;
+  obj->slot = slot.release();
+  return reinterpret_cast<PyObject*>(obj);
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
 void group_dealloc(PyObject* self) {
@@ -1324,17 +1457,20 @@ void group_dealloc(PyObject* self) {
 }
 
 PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  GUARD_ACCEL_TRY
   if (PyTuple_GET_SIZE(args) != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
     PyErr_SetString(PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
     return nullptr;
   }
+  auto group = std::make_unique<TensorAliasingGroup>();
   GroupObject* self = reinterpret_cast<GroupObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) {
     return nullptr;
   }
   self->vectorcall = group_vectorcall;
-  self->group = new TensorAliasingGroup();
+  self->group = group.release();
   return reinterpret_cast<PyObject*>(self);
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyMethodDef group_methods[] = {
@@ -1354,17 +1490,17 @@ PyObject* slot_vectorcall(
     PyObject* const* args,
     size_t nargsf,
     PyObject* kwnames) {
+  GUARD_ACCEL_TRY
   PyObject* tensor = one_arg(args, nargsf, kwnames, "TensorAliasingGroup slot");
   if (tensor == nullptr) {
     return nullptr;
   }
-  SlotObject* slot = reinterpret_cast<SlotObject*>(self);
-  record_identity(slot->group->participant(slot->participant), 0, tensor);
-  Py_RETURN_TRUE;
+  return check_result(reinterpret_cast<SlotObject*>(self)->slot->check_nopybind(tensor));
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
 void slot_dealloc(PyObject* self) {
-  Py_XDECREF(reinterpret_cast<SlotObject*>(self)->group_object);
+  delete reinterpret_cast<SlotObject*>(self)->slot;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -1377,6 +1513,9 @@ void ready_type(
     PyMethodDef* methods,
     const char* doc,
     newfunc tp_new = nullptr) {
+  // What PyVarObject_HEAD_INIT(nullptr, 0) sets: one reference (the static
+  // object itself, never released), no type yet (PyType_Ready sets it).
+  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&type), 1);
   type.tp_name = name;
   type.tp_new = tp_new;
   type.tp_basicsize = static_cast<Py_ssize_t>(size);
@@ -1394,18 +1533,78 @@ void ready_type(
 // ---------------------------------------------------------------------------
 // Construction (slow path, pybind11 for argument handling).
 
-PyObject* new_ref(py::handle h) {
-  Py_INCREF(h.ptr());
-  return h.ptr();
+py::handle tuple_or_list(py::handle v, const char* what) {
+  if (!PyList_Check(v.ptr()) && !PyTuple_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + " must be a list or tuple");
+  }
+  return v;
 }
 
 std::vector<int64_t> shape_entries(const py::sequence& values) {
   std::vector<int64_t> out;
   out.reserve(values.size());
   for (py::handle v : values) {
-    out.push_back(v.is_none() ? kUnchecked : v.cast<int64_t>());
+    if (v.is_none()) {
+      out.push_back(kUnchecked);
+      continue;
+    }
+    if (!PyLong_Check(v.ptr())) {
+      throw py::type_error("sizes and strides must be ints or None");
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (value == -1 && PyErr_Occurred()) {
+      throw py::error_already_set();
+    }
+    // kUnchecked is reserved for dynamic dimensions; no real size or stride is.
+    if (overflow != 0 || value == kUnchecked) {
+      throw py::value_error("size or stride out of the int64 range");
+    }
+    out.push_back(static_cast<int64_t>(value));
   }
   return out;
+}
+
+// An index or position: a non-negative int that fits in Py_ssize_t.
+Py_ssize_t index_arg(py::handle v, const char* what) {
+  if (!PyLong_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + " must be an int");
+  }
+  Py_ssize_t value = PyLong_AsSsize_t(v.ptr());
+  if (value == -1 && PyErr_Occurred()) {
+    throw py::error_already_set();
+  }
+  if (value < 0) {
+    throw py::value_error(std::string(what) + " must not be negative");
+  }
+  return value;
+}
+
+// A str argument as UTF-8; a Python error (never an abort) if it cannot be encoded.
+std::string utf8_arg(py::handle v, const char* what) {
+  if (!PyUnicode_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + " must be a str");
+  }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &size);
+  if (utf8 == nullptr) {
+    throw py::error_already_set();
+  }
+  return std::string(utf8, static_cast<size_t>(size));
+}
+
+py::tuple tuple_arg(py::handle v, const char* what) {
+  if (!PyTuple_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + " must be a tuple");
+  }
+  return py::reinterpret_borrow<py::tuple>(v);
+}
+
+bool bool_arg(py::handle v, const char* what) {
+  if (!PyBool_Check(v.ptr())) {
+    throw py::type_error(std::string(what) + " must be a bool");
+  }
+  return v.ptr() == Py_True;
 }
 
 Kind parse_kind(const std::string& kind) {
@@ -1427,36 +1626,52 @@ Kind parse_kind(const std::string& kind) {
   throw py::value_error("unknown container kind: " + kind);
 }
 
+bool is_dict_type(py::handle t) {
+  return PyType_Check(t.ptr()) &&
+      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t.ptr()), &PyDict_Type);
+}
+
 py::object make_tensor_container_guard(
-    const std::string& kind,
-    const std::string& container_name,
+    const py::handle& kind,
+    const py::handle& container_name,
     const py::object& dict_type,
     const py::object& ordered_keys,
-    const py::list& elements,
+    const py::handle& elements_arg,
     const py::object& aliasing_group) {
   auto guard = std::make_unique<TensorContainerGuard>();
-  guard->kind_ = parse_kind(kind);
-  guard->container_name_ = container_name;
+  guard->kind_ = parse_kind(utf8_arg(kind, "kind"));
+  guard->container_name_ = utf8_arg(container_name, "container_name");
+  if (!PyList_Check(elements_arg.ptr())) {
+    throw py::type_error("elements must be a list");
+  }
+  // A copy: the caller's list cannot change while it is read.
+  py::list elements = py::reinterpret_steal<py::list>(PySequence_List(elements_arg.ptr()));
+  if (!elements) {
+    throw py::error_already_set();
+  }
 
   if (guard->kind_ == Kind::kDictOrdered) {
-    if (!PyType_Check(dict_type.ptr())) {
-      throw py::type_error("dict_ordered needs the dict type");
+    // The check reads the dict's entries directly once its type matched.
+    if (!is_dict_type(dict_type)) {
+      throw py::type_error("dict_ordered needs the dict type (dict or a subclass)");
     }
-    guard->dict_type_ = reinterpret_cast<PyTypeObject*>(dict_type.inc_ref().ptr());
-    for (py::handle key : py::cast<py::sequence>(ordered_keys)) {
+    guard->dict_type_ = dict_type;
+    if (!PyList_Check(ordered_keys.ptr()) && !PyTuple_Check(ordered_keys.ptr())) {
+      throw py::type_error("dict_ordered needs ordered_keys, a list or tuple");
+    }
+    for (py::handle key : ordered_keys) {
       if (!PyLong_CheckExact(key.ptr()) && !PyUnicode_CheckExact(key.ptr())) {
         throw py::type_error("dict_ordered keys must be exact int or str");
       }
-      guard->ordered_keys_.push_back(new_ref(key));
+      guard->ordered_keys_.push_back(py::reinterpret_borrow<py::object>(key));
     }
     guard->dict_size_ = static_cast<Py_ssize_t>(guard->ordered_keys_.size());
   }
   if (guard->kind_ == Kind::kDictNested) {
-    if (!PyType_Check(dict_type.ptr()) ||
-        !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(dict_type.ptr()), &PyDict_Type)) {
+    if (!is_dict_type(dict_type)) {
       throw py::type_error("dict_nested needs the type of the inner dicts");
     }
-    guard->inner_type_ = reinterpret_cast<PyTypeObject*>(dict_type.inc_ref().ptr());
+    guard->inner_type_ = dict_type;
   }
   const bool nested = guard->kind_ == Kind::kDictNested;
 
@@ -1472,16 +1687,21 @@ py::object make_tensor_container_guard(
       throw py::type_error("element tensor must be a torch.Tensor");
     }
     const at::Tensor& t = THPVariable_Unpack(tensor);
-    Py_INCREF(Py_TYPE(tensor));
-    r.pytype = Py_TYPE(tensor);
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) {
+      throw py::value_error("element tensor must be a defined, strided, non-nested tensor");
+    }
+    r.pytype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
     r.dispatch_keys = build_state.apply(t.key_set()).raw_repr();
     r.dtype = t.scalar_type();
     r.device_index = t.device().index();
     r.requires_grad = t.requires_grad();
-    std::vector<int64_t> sizes = shape_entries(py::cast<py::sequence>(e[3]));
-    std::vector<int64_t> strides = shape_entries(py::cast<py::sequence>(e[4]));
+    std::vector<int64_t> sizes = shape_entries(py::reinterpret_borrow<py::sequence>(tuple_or_list(e[3], "sizes")));
+    std::vector<int64_t> strides = shape_entries(py::reinterpret_borrow<py::sequence>(tuple_or_list(e[4], "strides")));
     if (sizes.size() != static_cast<size_t>(t.dim()) || strides.size() != sizes.size()) {
       throw py::value_error("sizes/strides do not match the tensor's rank");
+    }
+    if (guard->shape_.size() + 2 * sizes.size() > std::numeric_limits<uint32_t>::max()) {
+      throw py::value_error("too many sizes and strides for one guard");
     }
     r.rank = static_cast<int32_t>(sizes.size());
     r.shape_offset = static_cast<uint32_t>(guard->shape_.size());
@@ -1489,7 +1709,7 @@ py::object make_tensor_container_guard(
     guard->shape_.insert(guard->shape_.end(), strides.begin(), strides.end());
     r.marks = -1;
     if (!e[5].is_none()) {
-      auto marks = py::cast<py::tuple>(e[5]);
+      py::tuple marks = tuple_arg(e[5], "marks");
       if (marks.size() != kNumMarkAttrs) {
         throw py::value_error("marks must have one entry per dimension-marking attribute");
       }
@@ -1500,14 +1720,16 @@ py::object make_tensor_container_guard(
         }
       }
       for (int a = 0; a < kNumMarkAttrs; a++) {
-        m.subset_of[a] = marks[a].is_none() ? nullptr : new_ref(marks[a]);
+        if (!marks[a].is_none()) {
+          m.subset_of[a] = py::reinterpret_borrow<py::object>(marks[a]);
+        }
       }
       r.marks = static_cast<int32_t>(guard->marks_.size());
-      guard->marks_.push_back(m);
+      guard->marks_.push_back(std::move(m));
     }
-    std::string name = e[7].cast<std::string>();
+    std::string name = utf8_arg(e[7], "element name");
     r.grad = kGradUnchecked;
-    if (e[6].cast<bool>()) {
+    if (bool_arg(e[6], "element aliasing")) {
       r.alias_slot = static_cast<int32_t>(alias_names.size());
       alias_names.push_back(name);
     } else {
@@ -1515,23 +1737,26 @@ py::object make_tensor_container_guard(
     }
     bool known_type = false;
     for (PyTypeObject* seen : guard->tensor_types_) {
-      known_type |= seen == r.pytype;
+      known_type |= seen == r.type();
     }
     if (!known_type) {
-      if (type_may_have_mark_attrs(r.pytype)) {
+      if (type_may_have_mark_attrs(r.type())) {
         throw py::value_error("tensor type defines dimension-marking attributes");
       }
-      guard->tensor_types_.push_back(r.pytype);
-      guard->type_versions_.push_back(valid_version_tag(r.pytype));
+      guard->tensor_types_.push_back(r.type());
+      guard->type_versions_.push_back(valid_version_tag(r.type()));
     }
     return name;
   };
   for (py::handle item : elements) {
-    auto e = py::cast<py::tuple>(item);
+    py::tuple e = tuple_arg(item, "element");
     if (e.size() != 8 && e.size() != 9) {
       throw py::value_error("element must be an 8- or 9-tuple");
     }
-    Py_ssize_t locator = e[0].cast<Py_ssize_t>();
+    Py_ssize_t locator = index_arg(e[0], "element locator");
+    if (guard->kind_ == Kind::kDictOrdered && locator >= guard->dict_size_) {
+      throw py::value_error("element locator is not a position of the dict");
+    }
     // kDictNested: several tensors (inner keys) per outer position.
     if (locator < previous_locator || (!nested && locator == previous_locator)) {
       throw py::value_error("elements must be sorted by locator, without duplicates");
@@ -1539,22 +1764,27 @@ py::object make_tensor_container_guard(
     if (nested && !PyUnicode_CheckExact(e[1].ptr())) {
       throw py::type_error("dict_nested inner keys must be exact str");
     }
+    // Looked up during a check: hashing and comparing must run no Python code.
+    if (guard->kind_ == Kind::kDictLookup &&
+        !(PyUnicode_CheckExact(e[1].ptr()) || PyLong_CheckExact(e[1].ptr()))) {
+      throw py::type_error("dict_lookup keys must be exact str or int");
+    }
     previous_locator = locator;
-    // The guard owns the record's references from here on, also on errors.
     guard->records_.push_back(Record{});
     {
       Record& r = guard->records_.back();
       r.locator = locator;
-      r.key = e[1].is_none() ? nullptr : new_ref(e[1]);
-      r.pytype = nullptr;
+      if (!e[1].is_none()) {
+        r.key = py::reinterpret_borrow<py::object>(e[1]);
+      }
     }
     std::string name = fill(guard->records_.back(), e);
     guard->names_.push_back(std::move(name));
     // grad: None (unchecked), "none", "present" or a tuple like an element's.
     if (e.size() == 9 && !e[8].is_none()) {
       int32_t grad = kGradUnchecked;
-      if (py::isinstance<py::str>(e[8])) {
-        std::string spec = e[8].cast<std::string>();
+      if (PyUnicode_Check(e[8].ptr())) {
+        std::string spec = utf8_arg(e[8], "grad");
         if (spec == "none") {
           grad = kGradMustBeNone;
         } else if (spec == "present") {
@@ -1563,15 +1793,13 @@ py::object make_tensor_container_guard(
           throw py::value_error("grad must be None, 'none', 'present' or a record");
         }
       } else {
-        auto ge = py::cast<py::tuple>(e[8]);
-        if (ge.size() != 8) {
-          throw py::value_error("grad record must be an 8-tuple");
+        py::tuple ge = tuple_arg(e[8], "grad record");
+        // An element record of its own, without a grad of its .grad.
+        if (ge.size() != 8 && !(ge.size() == 9 && ge[8].is_none())) {
+          throw py::value_error("grad record must be an 8-tuple (or 9 with grad None)");
         }
         guard->grad_records_.push_back(Record{});
-        guard->grad_records_.back().pytype = nullptr;
-        guard->grad_records_.back().key = nullptr;
-        std::string grad_name = fill(guard->grad_records_.back(), ge);
-        guard->grad_names_.push_back(std::move(grad_name));
+        fill(guard->grad_records_.back(), ge); // its name goes to the aliasing group
         grad = static_cast<int32_t>(guard->grad_records_.size()) - 1;
       }
       guard->records_.back().grad = grad;
@@ -1580,10 +1808,18 @@ py::object make_tensor_container_guard(
 
   if (nested && !ordered_keys.is_none()) {
     // {outer position: the inner dict's keys in order}, for positions with records.
+    if (!PyDict_CheckExact(ordered_keys.ptr())) {
+      throw py::type_error("dict_nested ordered_keys must be None or a dict");
+    }
+    // A copy: reading it runs no code that could change it.
+    auto inner_keys = py::reinterpret_steal<py::dict>(PyDict_Copy(ordered_keys.ptr()));
+    if (!inner_keys) {
+      throw py::error_already_set();
+    }
     guard->inner_keys_of_.assign(guard->records_.size(), -1);
     guard->inner_key_index_.assign(guard->records_.size(), -1);
-    for (auto item : py::cast<py::dict>(ordered_keys)) {
-      Py_ssize_t position = item.first.cast<Py_ssize_t>();
+    for (auto item : inner_keys) {
+      Py_ssize_t position = index_arg(item.first, "dict_nested position");
       size_t first = 0;
       while (first < guard->records_.size() && guard->records_[first].locator != position) {
         first++;
@@ -1591,25 +1827,33 @@ py::object make_tensor_container_guard(
       if (first == guard->records_.size()) {
         throw py::value_error("dict_nested inner keys given for a position without records");
       }
-      std::vector<PyObject*> keys;
-      for (py::handle key : py::cast<py::sequence>(item.second)) {
+      if (guard->inner_keys_of_[first] >= 0) {
+        throw py::value_error("dict_nested inner keys given twice for one position");
+      }
+      if (!PyList_Check(item.second.ptr()) && !PyTuple_Check(item.second.ptr())) {
+        throw py::type_error("dict_nested inner keys must be a list or tuple of str");
+      }
+      std::vector<py::object> keys;
+      for (py::handle key : item.second) {
         if (!PyUnicode_CheckExact(key.ptr())) {
-          for (PyObject* k : keys) {
-            Py_DECREF(k);
-          }
           throw py::type_error("dict_nested inner keys must be exact str");
         }
-        keys.push_back(new_ref(key));
+        keys.push_back(py::reinterpret_borrow<py::object>(key));
       }
       guard->inner_keys_of_[first] = static_cast<int32_t>(guard->inner_keys_.size());
-      guard->inner_keys_.push_back(std::move(keys)); // owned by the guard from here on
-      const std::vector<PyObject*>& listed = guard->inner_keys_.back();
+      guard->inner_keys_.push_back(std::move(keys));
+      const std::vector<py::object>& listed = guard->inner_keys_.back();
       if (guard->inner_values_.size() < listed.size()) {
         guard->inner_values_.resize(listed.size());
       }
       for (size_t i = first; i < guard->records_.size() && guard->records_[i].locator == position; i++) {
         for (size_t k = 0; k < listed.size(); k++) {
-          if (PyUnicode_Compare(listed[k], guard->records_[i].key) == 0) {
+          // Both exact str: no Python code runs; -1 only with an error set.
+          int cmp = PyUnicode_Compare(listed[k].ptr(), guard->records_[i].key.ptr());
+          if (cmp == -1 && PyErr_Occurred()) {
+            throw py::error_already_set();
+          }
+          if (cmp == 0) {
             guard->inner_key_index_[i] = static_cast<int32_t>(k);
           }
         }
@@ -1624,7 +1868,7 @@ py::object make_tensor_container_guard(
     if (aliasing_group.is_none() || Py_TYPE(aliasing_group.ptr()) != &GroupType) {
       throw py::type_error("tensors that take part in no-aliasing need a TensorAliasingGroup");
     }
-    guard->group_object_ = aliasing_group.inc_ref().ptr();
+    guard->group_object_ = aliasing_group;
     guard->group_ = reinterpret_cast<GroupObject*>(aliasing_group.ptr())->group;
     guard->participant_ = guard->group_->add_participant(std::move(alias_names));
   }
@@ -1648,11 +1892,11 @@ py::object make_tensor_container_guard(
 
 struct IdentityStep {
   bool attr; // getattr(obj, name) or obj[key]
-  PyObject* name_or_key; // strong
+  py::object name_or_key;
 };
 
 struct IdentityBase {
-  PyObject* local_name; // strong; L[local_name]
+  py::object local_name; // L[local_name], or null: start at the guard's argument
   std::vector<IdentityStep> steps;
   bool keys; // items are dict keys by position (list(dict.keys(d))[i])
 };
@@ -1664,59 +1908,55 @@ struct IdentityPair {
   Py_ssize_t index_b;
 };
 
-class ObjectIdentityGuard {
+class ObjectIdentityGuard final : public LeafGuardLike {
  public:
-  ~ObjectIdentityGuard() {
-    for (IdentityBase& b : bases_) {
-      Py_XDECREF(b.local_name);
-      for (IdentityStep& s : b.steps) {
-        Py_XDECREF(s.name_or_key);
-      }
+  bool check_nopybind(PyObject* locals) override {
+    return first_failure(locals) == -1;
+  }
+
+  GuardDebugInfo check_verbose_nopybind(PyObject* locals) override {
+    Py_ssize_t p = first_failure(locals);
+    if (p == -1) {
+      return GuardDebugInfo(true);
     }
+    if (p == -2) {
+      return GuardDebugInfo(
+          false, "object identity check: a container could not be fetched or changed type");
+    }
+    return GuardDebugInfo(
+        false, descriptions_[p] + " failed: the objects are no longer identical");
   }
 
   // -1: all pairs identical; -2: a container could not be fetched or has the
   // wrong type; else the index of the first pair that differs (or is missing).
   Py_ssize_t first_failure(PyObject* locals) {
-    std::vector<PyObject*> objs(bases_.size(), nullptr); // strong
-    auto release = [&]() {
-      for (PyObject* o : objs) {
-        Py_XDECREF(o);
-      }
-    };
+    std::vector<py::object> objs(bases_.size());
     for (size_t i = 0; i < bases_.size(); i++) {
       const IdentityBase& b = bases_[i];
-      PyObject* obj = nullptr;
-      if (b.local_name != nullptr) {
-        obj = PyObject_GetItem(locals, b.local_name);
-      } else {
-        Py_INCREF(locals);
-        obj = locals; // the steps start at the guard's argument
-      }
+      py::object obj = b.local_name
+          ? py::reinterpret_steal<py::object>(PyObject_GetItem(locals, b.local_name.ptr()))
+          : py::reinterpret_borrow<py::object>(locals); // the steps start at the argument
       for (const IdentityStep& s : b.steps) {
-        if (obj == nullptr) {
+        if (!obj) {
           break;
         }
-        PyObject* next = s.attr ? PyObject_GetAttr(obj, s.name_or_key)
-                                : PyObject_GetItem(obj, s.name_or_key);
-        Py_DECREF(obj);
-        obj = next;
+        obj = py::reinterpret_steal<py::object>(
+            s.attr ? PyObject_GetAttr(obj.ptr(), s.name_or_key.ptr())
+                   : PyObject_GetItem(obj.ptr(), s.name_or_key.ptr()));
       }
-      if (obj == nullptr) {
+      if (!obj) {
         PyErr_Clear();
-        release();
         return -2;
       }
-      objs[i] = obj;
+      objs[i] = std::move(obj);
     }
     // From here on no Python code runs: borrowed items stay valid.
     items_.assign(bases_.size(), {});
     for (size_t i = 0; i < bases_.size(); i++) {
-      PyObject* obj = objs[i];
+      PyObject* obj = objs[i].ptr();
       std::vector<PyObject*>& items = items_[i];
       if (bases_[i].keys) {
         if (!PyDict_Check(obj)) {
-          release();
           return -2;
         }
         Py_ssize_t pos = 0;
@@ -1735,11 +1975,9 @@ class ObjectIdentityGuard {
             reinterpret_cast<PyTupleObject*>(obj)->ob_item,
             reinterpret_cast<PyTupleObject*>(obj)->ob_item + PyTuple_GET_SIZE(obj));
       } else {
-        release();
         return -2;
       }
     }
-    Py_ssize_t result = -1;
     for (size_t p = 0; p < pairs_.size(); p++) {
       const IdentityPair& pair = pairs_[p];
       const std::vector<PyObject*>& a = items_[pair.base_a];
@@ -1747,19 +1985,16 @@ class ObjectIdentityGuard {
       if (pair.index_a >= static_cast<Py_ssize_t>(a.size()) ||
           pair.index_b >= static_cast<Py_ssize_t>(b.size()) ||
           a[pair.index_a] != b[pair.index_b]) {
-        result = static_cast<Py_ssize_t>(p);
-        break;
+        return static_cast<Py_ssize_t>(p);
       }
     }
-    release();
-    return result;
+    return -1;
   }
 
   std::vector<IdentityBase> bases_;
   std::vector<IdentityPair> pairs_;
   std::vector<std::string> descriptions_; // per pair: "a is b"
-  std::vector<std::vector<PyObject*>> items_; // scratch
-
+  std::vector<std::vector<PyObject*>> items_; // scratch: borrowed, one check
 };
 
 struct IdentityObject {
@@ -1768,38 +2003,31 @@ struct IdentityObject {
   ObjectIdentityGuard* guard;
 };
 
-PyTypeObject IdentityType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject IdentityType{}; // see GuardType
 
 PyObject* identity_vectorcall(
     PyObject* self,
     PyObject* const* args,
     size_t nargsf,
     PyObject* kwnames) {
+  GUARD_ACCEL_TRY
   PyObject* locals = one_arg(args, nargsf, kwnames, "ObjectIdentityGuard");
   if (locals == nullptr) {
     return nullptr;
   }
-  if (reinterpret_cast<IdentityObject*>(self)->guard->first_failure(locals) == -1) {
-    Py_RETURN_TRUE;
-  }
-  Py_RETURN_FALSE;
+  return check_result(reinterpret_cast<IdentityObject*>(self)->guard->check_nopybind(locals));
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyObject* identity_explain(PyObject* self, PyObject* locals) {
-  ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
-  Py_ssize_t p = g->first_failure(locals);
-  if (p == -1) {
-    Py_RETURN_TRUE;
-  }
-  if (p == -2) {
-    return PyUnicode_FromString(
-        "object identity check: a container could not be fetched or changed type");
-  }
-  std::string d = g->descriptions_[p] + " failed: the objects are no longer identical";
-  return PyUnicode_FromString(d.c_str());
+  GUARD_ACCEL_TRY
+  return explain_result(
+      reinterpret_cast<IdentityObject*>(self)->guard->check_verbose_nopybind(locals));
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
-PyObject* identity_summary(PyObject* self, PyObject*) {
+PyObject* identity_summary(PyObject* self, PyObject* /*unused*/) {
+  GUARD_ACCEL_TRY
   ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
   std::ostringstream os;
   os << g->pairs_.size() << " same-object check" << (g->pairs_.size() == 1 ? "" : "s")
@@ -1807,10 +2035,11 @@ PyObject* identity_summary(PyObject* self, PyObject*) {
   if (!g->descriptions_.empty()) {
     os << " (e.g. " << g->descriptions_[0] << ")";
   }
-  return PyUnicode_FromString(os.str().c_str());
+  return string_result(os.str());
+  GUARD_ACCEL_CATCH(nullptr)
 }
 
-PyObject* identity_len(PyObject* self, PyObject*) {
+PyObject* identity_len(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromSize_t(reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
 }
 
@@ -1830,44 +2059,57 @@ PyMethodDef identity_methods[] = {
 
 // bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
 // [(base_a, index_a, base_b, index_b, description)].
-py::object make_object_identity_guard(const py::list& bases, const py::list& pairs) {
+py::object make_object_identity_guard(const py::handle& bases_arg, const py::handle& pairs_arg) {
+  if (!PyList_Check(bases_arg.ptr()) || !PyList_Check(pairs_arg.ptr())) {
+    throw py::type_error("bases and pairs must be lists");
+  }
+  // Copies: the caller's lists cannot change while they are read.
+  auto bases = py::reinterpret_steal<py::list>(PySequence_List(bases_arg.ptr()));
+  auto pairs = py::reinterpret_steal<py::list>(PySequence_List(pairs_arg.ptr()));
+  if (!bases || !pairs) {
+    throw py::error_already_set();
+  }
   auto guard = std::make_unique<ObjectIdentityGuard>();
   for (py::handle item : bases) {
-    auto b = py::cast<py::tuple>(item);
+    py::tuple b = tuple_arg(item, "base");
     if (b.size() != 3 || !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
       throw py::value_error("base must be (local_name: str | None, steps, keys: bool)");
     }
-    guard->bases_.push_back(
-        IdentityBase{b[0].is_none() ? nullptr : new_ref(b[0]), {}, b[2].cast<bool>()});
-    for (py::handle st : py::cast<py::sequence>(b[1])) {
-      auto step = py::cast<py::tuple>(st);
+    IdentityBase base{py::object(), {}, bool_arg(b[2], "base keys")};
+    if (!b[0].is_none()) {
+      base.local_name = py::reinterpret_borrow<py::object>(b[0]);
+    }
+    for (py::handle st : tuple_or_list(b[1], "base steps")) {
+      py::tuple step = tuple_arg(st, "step");
       if (step.size() != 2) {
         throw py::value_error("step must be (is_attr, name_or_key)");
       }
-      bool attr = step[0].cast<bool>();
+      bool attr = bool_arg(step[0], "step is_attr");
       PyObject* k = step[1].ptr();
       // Constant keys only: their hashing and comparison run no user code.
       if (attr ? !PyUnicode_CheckExact(k) : !(PyUnicode_CheckExact(k) || PyLong_CheckExact(k))) {
         throw py::type_error("steps take exact str attribute names and str/int keys");
       }
-      guard->bases_.back().steps.push_back(IdentityStep{attr, new_ref(step[1])});
+      base.steps.push_back(IdentityStep{attr, py::reinterpret_borrow<py::object>(step[1])});
     }
+    guard->bases_.push_back(std::move(base));
   }
-  const auto num_bases = static_cast<int32_t>(guard->bases_.size());
+  const auto num_bases = static_cast<Py_ssize_t>(guard->bases_.size());
   for (py::handle item : pairs) {
-    auto p = py::cast<py::tuple>(item);
+    py::tuple p = tuple_arg(item, "pair");
     if (p.size() != 5) {
       throw py::value_error("pair must be (base_a, index_a, base_b, index_b, description)");
     }
-    IdentityPair pair{
-        p[0].cast<int32_t>(), p[2].cast<int32_t>(), p[1].cast<Py_ssize_t>(),
-        p[3].cast<Py_ssize_t>()};
-    if (pair.base_a < 0 || pair.base_a >= num_bases || pair.base_b < 0 ||
-        pair.base_b >= num_bases || pair.index_a < 0 || pair.index_b < 0) {
-      throw py::value_error("pair refers to an unknown base or a negative index");
+    Py_ssize_t base_a = index_arg(p[0], "pair base_a");
+    Py_ssize_t base_b = index_arg(p[2], "pair base_b");
+    if (base_a >= num_bases || base_b >= num_bases) {
+      throw py::value_error("pair refers to an unknown base");
     }
+    IdentityPair pair{
+        static_cast<int32_t>(base_a), static_cast<int32_t>(base_b),
+        index_arg(p[1], "pair index_a"), index_arg(p[3], "pair index_b")};
     guard->pairs_.push_back(pair);
-    guard->descriptions_.push_back(p[4].cast<std::string>());
+    guard->descriptions_.push_back(utf8_arg(p[4], "pair description"));
   }
   IdentityObject* obj = PyObject_New(IdentityObject, &IdentityType);
   if (obj == nullptr) {
@@ -1882,13 +2124,13 @@ py::object make_object_identity_guard(const py::list& bases, const py::list& pai
 
 void init_tensor_container_guard(py::module_& m) {
   for (int a = 0; a < kNumMarkAttrs; a++) {
-    g_mark_attr_names[a] = PyUnicode_InternFromString(kMarkAttrNames[a]);
+    g_mark_attr_names[a] = intern(kMarkAttrNames[a]);
   }
-  g_issubset_name = PyUnicode_InternFromString("issubset");
-  g_mode_flag_name =
-      PyUnicode_InternFromString("_is_in_any_mode_without_ignore_compile_internals");
+  g_issubset_name = intern("issubset");
+  g_mode_flag_name = intern("_is_in_any_mode_without_ignore_compile_internals");
   py::module_ dispatch = py::module_::import("torch.utils._python_dispatch");
-  g_python_dispatch_dict = new_ref(dispatch.attr("__dict__"));
+  // Never released, like the interned names.
+  g_python_dispatch_dict = py::object(dispatch.attr("__dict__")).release().ptr();
 
   ready_type(
       GuardType,
@@ -1954,8 +2196,9 @@ void init_tensor_container_guard(py::module_& m) {
       py::arg("aliasing_group"),
       "Build a TensorContainerGuard. kind: list, tuple, dict_lookup, dict_ordered or "
       "dict_nested; elements: (locator, key, tensor, sizes, strides, marks, aliasing, "
-      "name) sorted by locator, sizes/strides entries None for dynamic dimensions, marks "
-      "None or one set-or-None per MARK_ATTRS entry. ordered_keys: dict_ordered, every "
+      "name[, grad]) sorted by locator, sizes/strides entries None for dynamic dimensions, marks "
+      "None or one set-or-None per MARK_ATTRS entry, grad None, 'none', 'present' or the "
+      "element record of the tensor's .grad. ordered_keys: dict_ordered, every "
       "key in order; dict_nested, None or {outer position: the inner dict's str keys in "
       "order} for positions with elements, whose keys are then checked too.");
 }

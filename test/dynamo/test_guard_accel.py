@@ -3,8 +3,10 @@
 
 import contextlib
 import gc
+import json
 import random
 import re
+import subprocess
 import sys
 import types
 import unittest
@@ -80,10 +82,53 @@ def native_guards(guard_manager):
     )
 
 
-# Without the extension the guards are the stock ones; only the fallback tests run.
+# Without the extension the guards are Dynamo's per-tensor ones; only the fallback tests run.
 requires_extension = unittest.skipIf(
     guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
 )
+
+
+# Runs each case's statement in a fresh interpreter and prints, as JSON, the name of
+# the exception each raised ("no exception" otherwise). A C++ exception crossing
+# the C-API boundary or a memory error aborts the interpreter: the test sees a
+# nonzero exit status instead of a missing entry.
+_BAD_ARGUMENT_RUNNER = """
+import json, sys
+import torch
+from torch._dynamo import _guard_accel as ext
+t = torch.randn(2)
+def rec(locator=0, key=None, tensor=t, sizes=(2,), strides=(1,), marks=None, aliasing=False, name="xs[0]", *grad):
+    return (locator, key, tensor, sizes, strides, marks, aliasing, name, *grad)
+def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None):
+    return ext.make_tensor_container_guard(kind, name, dict_type, keys, [rec()] if elements is None else elements, group)
+results = {}
+for label, stmt in json.load(sys.stdin):
+    print("running", label, file=sys.stderr, flush=True)
+    try:
+        exec(stmt)
+        results[label] = "no exception"
+    except Exception as e:
+        results[label] = type(e).__name__
+print(json.dumps(results))
+"""
+
+
+def run_bad_argument_cases(test, cases):
+    """{label: (statement, expected exception name)}: run them all in one subprocess."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BAD_ARGUMENT_RUNNER],
+        input=json.dumps([(label, stmt) for label, (stmt, _) in cases.items()]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    test.assertEqual(
+        proc.returncode,
+        0,
+        f"the interpreter died (exit {proc.returncode}); last lines:\n{proc.stderr[-3000:]}",
+    )
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    test.assertEqual(results, {label: exc for label, (_, exc) in cases.items()})
 
 
 class PassThroughMode(TorchDispatchMode):
@@ -294,6 +339,101 @@ class TensorContainerGuardTests(ContainerTestCase):
 # config.use_recursive_dict_tags_for_guards: the nodes native guards go on must
 # not be skipped while the module's dict tags are unchanged, since tensor
 # metadata changes in place without touching any dict.
+
+
+@requires_extension
+class BadArgumentTests(torch._dynamo.test_case.TestCase):
+    """Every entry point of the extension raises a Python exception on bad input."""
+
+    def test_construction_and_calls_raise_python_errors(self):
+        big = 2**70
+        cases = {
+            # TensorAliasingGroup / TensorAliasingSlot
+            "add_tensor surrogate": ('ext.TensorAliasingGroup().add_tensor("\\ud800")', "UnicodeEncodeError"),
+            "add_tensor int": ("ext.TensorAliasingGroup().add_tensor(1)", "TypeError"),
+            "add_tensor None": ("ext.TensorAliasingGroup().add_tensor(None)", "TypeError"),
+            "add_tensor no args": ("ext.TensorAliasingGroup().add_tensor()", "TypeError"),
+            "add_tensor two args": ('ext.TensorAliasingGroup().add_tensor("a", "b")', "TypeError"),
+            "group with args": ("ext.TensorAliasingGroup(1)", "TypeError"),
+            "group with kwargs": ("ext.TensorAliasingGroup(x=1)", "TypeError"),
+            "slot constructed": ("ext.TensorAliasingSlot()", "TypeError"),
+            "slot no args": ('ext.TensorAliasingGroup().add_tensor("a")()', "TypeError"),
+            "slot two args": ('ext.TensorAliasingGroup().add_tensor("a")(t, t)', "TypeError"),
+            "slot kwargs": ('ext.TensorAliasingGroup().add_tensor("a")(x=t)', "TypeError"),
+            "group explain any args": (
+                "assert ext.TensorAliasingGroup().explain(1, None) is True", "no exception"
+            ),
+            # TensorContainerGuard calls
+            "guard constructed": ("ext.TensorContainerGuard()", "TypeError"),
+            "guard no args": ("make()()", "TypeError"),
+            "guard two args": ("make()([t], [t])", "TypeError"),
+            "guard kwargs": ("make()(container=[t])", "TypeError"),
+            "guard explain no args": ("make().explain()", "TypeError"),
+            "guard on None, int, dict, non-tensors, short list": (
+                "g = make(); assert [g(None), g(1), g({}), g([None]), g(['x']), g([])] == [False] * 6",
+                "no exception",
+            ),
+            "explain on None and non-tensors": (
+                "g = make(); assert isinstance(g.explain(None), str) and isinstance(g.explain([1]), str)",
+                "no exception",
+            ),
+            "explain of a huge locator": (
+                "g = make(elements=[rec(locator=10**12)]); assert not g([t]) and 'missing' in g.explain([t])",
+                "no exception",
+            ),
+            # make_tensor_container_guard arguments
+            "kind surrogate": ('make(kind="\\ud800")', "UnicodeEncodeError"),
+            "kind int": ("make(kind=1)", "TypeError"),
+            "kind unknown": ('make(kind="set")', "ValueError"),
+            "name surrogate": ('make(name="x\\udcff")', "UnicodeEncodeError"),
+            "name None": ("make(name=None)", "TypeError"),
+            "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None)", "TypeError"),
+            "elements tuple": ("ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None)", "TypeError"),
+            "too few arguments": ("ext.make_tensor_container_guard('list', 'xs')", "TypeError"),
+            "element a list": ("make(elements=[list(rec())])", "TypeError"),
+            "element None": ("make(elements=[None])", "TypeError"),
+            "element too short": ("make(elements=[rec()[:3]])", "ValueError"),
+            "element name surrogate": ('make(elements=[rec(name="\\ud800")])', "UnicodeEncodeError"),
+            "element name None": ("make(elements=[rec(name=None)])", "TypeError"),
+            "locator negative": ("make(elements=[rec(locator=-1)])", "ValueError"),
+            "locator huge": (f"make(elements=[rec(locator={big})])", "OverflowError"),
+            "locator str": ('make(elements=[rec(locator="0")])', "TypeError"),
+            "locators unsorted": ("make(elements=[rec(locator=1), rec(locator=0)])", "ValueError"),
+            "tensor None": ("make(elements=[rec(tensor=None)])", "TypeError"),
+            "tensor sparse": ("make(elements=[rec(tensor=torch.eye(2).to_sparse(), sizes=(2, 2), strides=(1, 1))])", "ValueError"),
+            "sizes None": ("make(elements=[rec(sizes=None)])", "TypeError"),
+            "sizes of the wrong rank": ("make(elements=[rec(sizes=(2, 1))])", "ValueError"),
+            "size huge": (f"make(elements=[rec(sizes=({big},))])", "ValueError"),
+            "size int64 min": (f"make(elements=[rec(sizes=({-(2**63)},))])", "ValueError"),
+            "size str": ('make(elements=[rec(sizes=("2",))])', "TypeError"),
+            "strides None": ("make(elements=[rec(strides=None)])", "TypeError"),
+            "marks too short": ("make(elements=[rec(marks=(None,))])", "ValueError"),
+            "marks not sets": ("make(elements=[rec(marks=([0], None, None, None, None))])", "ValueError"),
+            "marks a list": ("make(elements=[rec(marks=[None] * 5)])", "TypeError"),
+            "aliasing not a bool": ('make(elements=[rec(aliasing="yes")])', "TypeError"),
+            "aliasing without a group": ("make(elements=[rec(aliasing=True)])", "TypeError"),
+            "aliasing with a wrong group": ("make(elements=[rec(aliasing=True)], group=object())", "TypeError"),
+            "grad spec unknown": ('make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "maybe")])', "ValueError"),
+            "grad spec surrogate": ('make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "\\ud800")])', "UnicodeEncodeError"),
+            "grad record too short": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', (0,))])", "ValueError"),
+            "grad record bad name": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(name=b'x'))])", "TypeError"),
+            # dicts
+            "dict_ordered with a list type": ('make("dict_ordered", dict_type=list, keys=["a"])', "TypeError"),
+            "dict_ordered with None type": ('make("dict_ordered", dict_type=None, keys=["a"])', "TypeError"),
+            "dict_ordered without keys": ('make("dict_ordered", dict_type=dict, keys=None)', "TypeError"),
+            "dict_ordered float key": ('make("dict_ordered", dict_type=dict, keys=[1.5])', "TypeError"),
+            "dict_ordered locator past the keys": (
+                'g = make("dict_ordered", elements=[rec(locator=1)], dict_type=dict, keys=["a"]); g({"a": t})',
+                "ValueError",
+            ),
+            "dict_lookup key None": ('make("dict_lookup", elements=[rec(key=None)])', "TypeError"),
+            "dict_lookup key tuple": ('make("dict_lookup", elements=[rec(key=("a",))])', "TypeError"),
+            "dict_lookup on non-dicts": (
+                'g = make("dict_lookup", elements=[rec(key="a")]); assert [g(None), g([t]), g({})] == [False] * 3',
+                "no exception",
+            ),
+        }
+        run_bad_argument_cases(self, cases)
 
 
 class TensorHolder(torch.nn.Module):
@@ -570,8 +710,8 @@ instantiate_parametrized_tests(ModuleContainerTests)
 instantiate_parametrized_tests(ModuleBufferChangeTests)
 
 
-class StockFallbackTests(ContainerTestCase):
-    def test_switch_off_uses_stock_guards(self):
+class FallbackTests(ContainerTestCase):
+    def test_switch_off_uses_per_tensor_guards(self):
         xs = [torch.randn(4) for _ in range(64)]
         with config.patch(tensor_container_guards=False):
             fn, compiled, cnt = self.compile_once(foreach_add, xs)
@@ -604,7 +744,7 @@ class StockFallbackTests(ContainerTestCase):
                 fn2, compiled2, _ = self.compile_once(values_add, {str(i): x for i, x in enumerate(xs)})
             messages = [str(w.message) for w in caught if "_guard_accel" in str(w.message)]
             self.assertEqual(len(messages), 1, messages)
-            self.assertIn("stock guards", messages[0])
+            self.assertIn("a TENSOR_MATCH per tensor", messages[0])
             gm = guard_manager_of(fn)
             self.assertEqual(native_guards(gm), [])
             self.assertEqual(str(gm).count("TENSOR_MATCH"), 64)
@@ -615,7 +755,7 @@ class StockFallbackTests(ContainerTestCase):
 
 
 # ---------------------------------------------------------------------------
-# Randomized comparison with the stock guards.
+# Randomized comparison with the guards built without this patch (the switch off).
 
 
 def rand(shape, dtype):
@@ -761,7 +901,7 @@ def list_dict_and_tensor(xs, d, x):
 
 @requires_extension
 class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
-    """The accelerated guards accept exactly the inputs the stock guards accept."""
+    """The accelerated guards accept exactly the inputs the per-tensor guards accept."""
 
     CASES = 120  # per configuration
 
@@ -804,12 +944,12 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                 "dispatch_mode": PassThroughMode,
             }[mode]()
             with ctx:
-                stock = managers[False].check(f_locals)
+                per_tensor = managers[False].check(f_locals)
                 accel = managers[True].check(f_locals)
             self.assertEqual(
-                accel, stock, f"seed {seed} case {case} ({mode}): accel={accel} stock={stock}"
+                accel, per_tensor, f"seed {seed} case {case} ({mode}): accel={accel} per-tensor={per_tensor}"
             )
-            outcomes[stock] += 1
+            outcomes[per_tensor] += 1
         # Both outcomes are well represented: the comparison is not vacuous.
         self.assertGreater(outcomes[True], self.CASES // 10)
         self.assertGreater(outcomes[False], self.CASES // 4)
@@ -890,8 +1030,8 @@ class InPlaceMutator(Mutator):
 
     KINDS = ["same", "values", "same_metadata", "attr", "attr"]
     KINDS += ["requires_grad", "dtype", "size", "stride", "rank", "neg", "t_"]
-    # Not mark_dynamic: the stock dict tag fast path checks TENSOR_MATCH of tagged
-    # tensors but not their dimension markings (accel rejects, stock accepts).
+    # Not mark_dynamic: the per-tensor guards' dict tag fast path checks TENSOR_MATCH of
+    # tagged tensors but not their dimension markings (accel rejects, they accept).
 
     def change(self, t):
         """Change t in place; returns the undo."""
@@ -945,7 +1085,7 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
     place (no dict write, so no dict tag changes) and by writes to its containers."""
 
     @parametrize("recursive_dict_tags", [False, True])
-    def test_agrees_with_stock(self, recursive_dict_tags):
+    def test_agrees_with_per_tensor_guards(self, recursive_dict_tags):
         rng = random.Random(30)
         base = torch.randn(256)
         m = ModuleHeld(rng, base)
@@ -964,7 +1104,7 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
             f_locals = {"self": m, "x": x}
             undo = []
             # First only changes in place, so that the dict tag fast path of both
-            # guard trees is taken until stock rejects; then writes as well.
+            # guard trees is taken until the per-tensor tree rejects; then writes as well.
             if case < 40 or rng.random() < 0.5:
                 for _ in range(rng.choice([1, 1, 2])):
                     container, key = rng.choice(m.slots())
@@ -981,13 +1121,13 @@ class ModuleAgreementTests(torch._dynamo.test_case.TestCase):
                 setattr(m, name, mutator.container(old, [c[k] for c, k in m.slots()]))
                 undo.append(lambda n=name, v=old: setattr(m, n, v))
             try:
-                stock = managers[False].check(f_locals)
+                per_tensor = managers[False].check(f_locals)
                 accel = managers[True].check(f_locals)
             finally:
                 for u in reversed(undo):
                     u()
-            self.assertEqual(accel, stock, f"case {case}: accel={accel} stock={stock}")
-            outcomes[stock] += 1
+            self.assertEqual(accel, per_tensor, f"case {case}: accel={accel} per-tensor={per_tensor}")
+            outcomes[per_tensor] += 1
         self.assertGreater(outcomes[True], 10)
         self.assertGreater(outcomes[False], 10)
 

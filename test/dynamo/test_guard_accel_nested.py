@@ -19,6 +19,12 @@ from torch.testing._internal.common_utils import (
 )
 
 
+try:  # patch 0008's bad-argument runner
+    from .test_guard_accel import run_bad_argument_cases
+except ImportError:
+    from test_guard_accel import run_bad_argument_cases
+
+
 N = 1000
 
 
@@ -130,7 +136,7 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         # grads (64) and buffers (64); the parameters skip the no-aliasing guard
         self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 128)
 
-    def test_switch_off_is_stock(self):
+    def test_switch_off_keeps_per_tensor_guards(self):
         params = make_params(16)
         _, _, _, gm = compile_opt(params, accel=False)
         tree = str(gm)
@@ -150,13 +156,13 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertNotIn("___tensor_container_nested_0", gm.closure_vars)
         self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
-    def test_small_frames_stay_stock(self):
+    def test_small_frames_keep_per_tensor_guards(self):
         params = make_params(config.tensor_container_guard_min_size - 1)
         _, _, _, gm = compile_opt(params)
         self.assertIn("GradGuardAccessor", str(gm))
         self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
-    def test_subclass_grad_keeps_stock_guards(self):
+    def test_subclass_grad_keeps_per_tensor_guards(self):
         # A grad the native guard does not handle (a tensor subclass) keeps its
         # own NOT_NONE and TENSOR_MATCH guards; the other grads are native.
         class MyTensor(torch.Tensor):
@@ -173,9 +179,9 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
             with self.assertRaises(RecompileError):
                 compiled()
 
-    def test_inner_dict_keys_not_all_str_keep_stock_key_guards(self):
+    def test_inner_dict_keys_not_all_str_keep_their_key_guards(self):
         # The native guard checks inner dicts with str keys only; one with an int
-        # key keeps its stock key guards, and a key added to it still recompiles.
+        # key keeps its own key guards, and a key added to it still recompiles.
         params = make_params(16)
         opt = make_opt_class()(params)
         for i, p in enumerate(params):
@@ -478,7 +484,7 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
     CASES = 300
 
     @requires_extension
-    def test_agrees_with_stock(self):
+    def test_agrees_with_per_tensor_guards(self):
         for seed in range(2):
             params = make_params(24, none_grads={2, 11})
             managers = {}
@@ -495,15 +501,74 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                 new, undo = mutator.case()
                 try:
                     f_locals = {"self": new}
-                    stock = managers[False].check(f_locals)
+                    per_tensor = managers[False].check(f_locals)
                     accel = managers[True].check(f_locals)
                 finally:
                     for u in reversed(undo):
                         u()
-                self.assertEqual(accel, stock, f"seed {seed} case {case}")
-                outcomes[stock] += 1
+                self.assertEqual(accel, per_tensor, f"seed {seed} case {case}")
+                outcomes[per_tensor] += 1
             self.assertGreater(outcomes[True], self.CASES // 10)
             self.assertGreater(outcomes[False], self.CASES // 4)
+
+
+@requires_extension
+class BadArgumentTests(torch._dynamo.test_case.TestCase):
+    """The entry points this patch adds raise Python exceptions on bad input."""
+
+    def test_construction_and_calls_raise_python_errors(self):
+        big = 2**70
+        ident = "ext.make_object_identity_guard"
+        ok_base = '(None, [(True, "params")], False)'
+        ok_pair = '(0, 0, 0, 1, "a is b")'
+        cases = {
+            "bases None": (f"{ident}(None, [])", "TypeError"),
+            "pairs None": (f"{ident}([], None)", "TypeError"),
+            "one argument": (f"{ident}([])", "TypeError"),
+            "base a list": (f'{ident}([[None, [], False]], [])', "TypeError"),
+            "base too short": (f"{ident}([(None, [])], [])", "ValueError"),
+            "base name an int": (f"{ident}([(1, [], False)], [])", "ValueError"),
+            "base keys not a bool": (f'{ident}([(None, [], "yes")], [])', "TypeError"),
+            "base steps None": (f"{ident}([(None, None, False)], [])", "TypeError"),
+            "step too short": (f"{ident}([(None, [(True,)], False)], [])", "ValueError"),
+            "step is_attr an int": (f'{ident}([(None, [(1, "a")], False)], [])', "TypeError"),
+            "step attribute an int": (f"{ident}([(None, [(True, 1)], False)], [])", "TypeError"),
+            "step key a float": (f"{ident}([(None, [(False, 1.5)], False)], [])", "TypeError"),
+            "pair too short": (f"{ident}([{ok_base}], [(0, 0, 0)])", "ValueError"),
+            "pair index negative": (f'{ident}([{ok_base}], [(0, -1, 0, 1, "d")])', "ValueError"),
+            "pair index huge": (f'{ident}([{ok_base}], [(0, {big}, 0, 1, "d")])', "OverflowError"),
+            "pair unknown base": (f'{ident}([{ok_base}], [(5, 0, 0, 1, "d")])', "ValueError"),
+            "pair base huge": (f'{ident}([{ok_base}], [({big}, 0, 0, 1, "d")])', "OverflowError"),
+            "pair description surrogate": (f'{ident}([{ok_base}], [(0, 0, 0, 1, "\\ud800")])', "UnicodeEncodeError"),
+            "pair description None": (f"{ident}([{ok_base}], [(0, 0, 0, 1, None)])", "TypeError"),
+            "identity no args": (f"{ident}([{ok_base}], [{ok_pair}])()", "TypeError"),
+            "identity two args": (f"{ident}([{ok_base}], [{ok_pair}])(1, 2)", "TypeError"),
+            "identity on None, ints, missing attributes": (
+                f"g = {ident}([{ok_base}], [{ok_pair}]); "
+                "assert [g(None), g(1), g(object())] == [False] * 3 and isinstance(g.explain(None), str)",
+                "no exception",
+            ),
+            "identity local name surrogate": (
+                f'g = {ident}([("\\ud800", [], False)], [(0, 0, 0, 0, "x")]); assert not g({{}})',
+                "no exception",
+            ),
+            # dict_nested arguments of make_tensor_container_guard
+            "nested type list": ('make("dict_nested", elements=[rec(key="a")], dict_type=list)', "TypeError"),
+            "nested key not a str": ('make("dict_nested", elements=[rec(key=1)], dict_type=dict)', "TypeError"),
+            "nested keys a list": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys=[("a",)])', "TypeError"),
+            "nested keys a str": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: "a"})', "TypeError"),
+            "nested position negative": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={-1: ("a",)})', "ValueError"),
+            "nested position huge": (f'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={{{big}: ("a",)}})', "OverflowError"),
+            "nested position a str": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={"0": ("a",)})', "TypeError"),
+            "nested inner key surrogate": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: ("\\ud800",)})', "ValueError"),
+            "nested on non-dicts": (
+                'g = make("dict_nested", elements=[rec(key="a")], dict_type=dict); '
+                'assert [g(None), g([t]), g({"k": [t]}), g({"k": {}})] == [False] * 4',
+                "no exception",
+            ),
+            "grad record without a tensor": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(tensor=None))])", "TypeError"),
+        }
+        run_bad_argument_cases(self, cases)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """One native guard for each large list, tuple or dict of tensors.
 
-Stock Dynamo gives every tensor of a container its own node in the guard tree: an
-accessor (``xs[i]``), a TENSOR_MATCH leaf, a DIMENSION_DYNAMIC_MARKING_GUARD leaf and
-a share of the relational NO_TENSOR_ALIASING guard. A container of 1,000 tensors
-costs about 100 us per guard check and 10,000 tensors several ms, on every call.
+Without this module, Dynamo gives every tensor of a container its own node in the
+guard tree: an accessor (``xs[i]``), a TENSOR_MATCH leaf, a
+DIMENSION_DYNAMIC_MARKING_GUARD leaf and a share of the relational
+NO_TENSOR_ALIASING guard. A container of 1,000 tensors costs about 100 us per guard
+check and 10,000 tensors several ms, on every call.
 
 For containers of at least ``config.tensor_container_guard_min_size`` tensors, this
 module replaces those nodes with one ``TensorContainerGuard`` leaf on the container's
 node (``torch._dynamo._guard_accel``, C++): it keeps what TENSOR_MATCH and the
 dimension-marking guard check about each tensor as flat records and compares a whole
-container in one loop. All tensors of the frame that stock Dynamo puts under the
-no-aliasing guard are then checked by one ``TensorAliasingGroup`` instead, run as an
-epilogue guard: a pointer compare when nothing changed, a hash set otherwise.
+container in one loop. All tensors of the frame that would be under the no-aliasing
+guard are then checked by one ``TensorAliasingGroup`` instead, run as an epilogue
+guard: a pointer compare when nothing changed, a hash set otherwise.
 
 The guard builder calls in at four points (guards.py):
 
@@ -25,7 +26,12 @@ The guard builder calls in at four points (guards.py):
   nodes they go on are never tag safe (``add_native_guard``).
 
 Without the extension (or with ``config.tensor_container_guards = False``) nothing
-changes: stock guards are used, and a missing extension is reported once.
+changes: Dynamo's per-tensor guards are used, and a missing extension is reported once.
+
+API for modules that plan more containers (guard_accel_nested.py): ``Container`` and
+``TensorRecord`` are what a plan holds; ``TensorContainerPlan.route`` sends a guard's
+TENSOR_MATCH to a container; ``install_container_guard`` and ``install_aliasing_group``
+install a plan's guards with the aliasing group passed in.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import dataclasses
 import importlib
 import logging
 import warnings
-from typing import Any, TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -62,12 +68,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Exact tensor types the native guard handles; subclasses keep stock guards.
+# Exact tensor types the native guard handles; subclasses keep their per-tensor guards.
 TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # Dict keys whose comparison runs no Python code.
 SIMPLE_KEY_TYPES = (str, int)
 # The tensor attribute that makes DIMENSION_DYNAMIC_MARKING_GUARD check further
-# attributes (_dynamo_shape_ids, _dynamo_unbacked_bounds); such tensors keep stock guards.
+# attributes (_dynamo_shape_ids, _dynamo_unbacked_bounds); such tensors keep their own guards.
 UNBACKED_MARK = "_dynamo_unbacked_indices"
 
 _extension: Any = None
@@ -84,32 +90,63 @@ def extension() -> Any:
         except ImportError as e:
             warnings.warn(
                 "torch._dynamo._guard_accel is not available "
-                f"({e}); tensor containers are guarded with stock guards",
+                f"({e}); tensor containers are guarded with a TENSOR_MATCH per tensor",
                 RuntimeWarning,
                 stacklevel=2,
             )
     return _extension
 
 
+class TensorRecord(NamedTuple):
+    """One element of make_tensor_container_guard: what is checked about one tensor."""
+
+    locator: int  # list/tuple index or dict position (dict_nested: outer position)
+    key: Any  # dict_lookup: the dict's own key object; dict_nested: the inner str key
+    tensor: torch.Tensor  # read at build time only; not kept by the guard
+    sizes: list[int | None]  # None: a dynamic dimension, not checked
+    strides: list[int | None]
+    marks: tuple[Any, ...] | None  # per MARK_ATTRS entry: the set it must stay within
+    aliasing: bool  # takes part in the no-aliasing check
+    name: str  # how reasons name it, e.g. L['xs'][3]
+    # None (not checked), "none", "present" or the TensorRecord of its .grad
+    grad: Any = None
+
+
 @dataclasses.dataclass
-class _Container:
+class Container:
+    """A list, tuple or dict whose tensors one TensorContainerGuard checks."""
+
     source: Source
     name: str
     kind: str  # "list", "tuple", "dict_lookup" or "dict_ordered"
     value: Any
     # guard name -> (locator, dict key); locator is the list index or dict position
-    members: dict[str, tuple[int, Any]] = dataclasses.field(default_factory=dict)
-    locators: set[int] = dataclasses.field(default_factory=set)
-    # (locator, key, tensor, sizes, strides, marks, aliasing, name), by add_tensor
-    records: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
-    guard: Guard | None = None
+    members: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    locators: set[Any] = dataclasses.field(default_factory=set)
+    records: list[TensorRecord] = dataclasses.field(default_factory=list)
+    guard: Guard | None = None  # the first TENSOR_MATCH recorded (user stack, export info)
     diff_source: bool = False  # has a non-Parameter tensor (see TENSOR_MATCH)
+
+    def guard_arguments(self) -> tuple[type, Any]:
+        """(dict_type, ordered_keys) for make_tensor_container_guard."""
+        if self.kind == "dict_ordered":
+            return type(self.value), list(builtin_dict_keys(self.value))
+        return type(self.value), None
+
+    def sorted_records(self) -> list[TensorRecord]:
+        return sorted(self.records, key=lambda r: r.locator)
+
+    def node(self, builder: GuardBuilder) -> Any:
+        """The guard manager the container guard goes on."""
+        if self.kind == "dict_ordered":
+            return second_node(builder, self)
+        return builder.get_guard_manager_from_source(self.source)
 
 
 class TensorContainerPlan:
     """The containers of one frame whose tensors get a TensorContainerGuard."""
 
-    def __init__(self, extension: Any, containers: list[_Container]) -> None:
+    def __init__(self, extension: Any, containers: list[Container]) -> None:
         self.extension = extension
         self.containers = containers
         self._by_member = {
@@ -119,6 +156,17 @@ class TensorContainerPlan:
             c.name for c in containers if c.kind == "dict_ordered"
         }
         self.closure_vars: dict[str, Any] = {}
+
+    def container_of(self, guard_name: str) -> Container | None:
+        """The planned container whose record the TENSOR_MATCH of guard_name becomes."""
+        return self._by_member.get(guard_name)
+
+    def route(self, guard_name: str, container: Container | None) -> None:
+        """Record the TENSOR_MATCH of guard_name in container (None: build it as usual)."""
+        if container is None:
+            self._by_member.pop(guard_name, None)
+        else:
+            self._by_member[guard_name] = container
 
     def add_tensor(self, builder: GuardBuilder, guard: Guard, value: Any) -> bool:
         """Record a TENSOR_MATCH of a planned container; False: build it as usual."""
@@ -149,7 +197,9 @@ class TensorContainerPlan:
         if any(hasattr(value, a) for a in attrs):
             marks = tuple(getattr(value, a) if hasattr(value, a) else None for a in attrs)
         container.records.append(
-            (locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard))
+            TensorRecord(
+                locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard)
+            )
         )
         if not isinstance(value, torch.nn.Parameter):
             container.diff_source = True
@@ -172,7 +222,7 @@ def plan_tensor_containers(
     if output_graph is None or output_graph.export:
         return None  # export keeps Python guard code for every tensor
     min_size = max(config.tensor_container_guard_min_size, 2)
-    tensor_guards = [g for g in guards if _create_fn_name(g) == "TENSOR_MATCH"]
+    tensor_guards = [g for g in guards if g.create_fn_name() == "TENSOR_MATCH"]
     if len(tensor_guards) < min_size:
         return None
     ext = extension()
@@ -182,9 +232,9 @@ def plan_tensor_containers(
     from .guards import match_on_id_for_tensor
 
     dict_keys_guarded = {
-        g.name for g in guards if _create_fn_name(g) == "DICT_KEYS_MATCH"
+        g.name for g in guards if g.create_fn_name() == "DICT_KEYS_MATCH"
     }
-    containers: dict[str, _Container] = {}
+    containers: dict[str, Container] = {}
     # id(dict) -> {key: (position, the dict's own key object)}
     key_positions: dict[int, dict[Any, tuple[int, Any]]] = {}
     for guard in tensor_guards:
@@ -199,15 +249,15 @@ def plan_tensor_containers(
         if located is None:
             continue
         base, kind, locator, key = located
-        if not _supported_tensor(builder.get(source)):
+        if not supported_tensor(builder.get(source)):
             continue
         container = containers.get(base.name)
         if container is None:
-            container = containers[base.name] = _Container(
+            container = containers[base.name] = Container(
                 base, base.name, kind, builder.get(base)
             )
         if container.kind != kind or locator in container.locators:
-            continue  # a second source for one element keeps its stock guard
+            continue  # a second source for one element keeps its own TENSOR_MATCH
         container.locators.add(locator)
         container.members[guard.name] = (locator, key)
 
@@ -223,11 +273,8 @@ def plan_tensor_containers(
     return TensorContainerPlan(ext, chosen) if chosen else None
 
 
-def _create_fn_name(guard: Guard) -> str:
-    return getattr(guard.inner_create_fn(), "__name__", "")
-
-
-def _supported_tensor(value: Any) -> bool:
+def supported_tensor(value: Any) -> bool:
+    """A tensor whose TENSOR_MATCH and dimension-marking guards a record can replace."""
     attrs = extension().MARK_ATTRS
     return (
         type(value) in TENSOR_TYPES
@@ -291,7 +338,7 @@ def _locate(
 
 
 def _plan_dict(
-    builder: GuardBuilder, container: _Container, dict_keys_guarded: set[str]
+    builder: GuardBuilder, container: Container, dict_keys_guarded: set[str]
 ) -> bool:
     value = container.value
     if container.kind == "dict_lookup":
@@ -301,14 +348,14 @@ def _plan_dict(
     # the key guards (DICT_KEYS_MATCH) on a second node for the same dict.
     if container.name not in dict_keys_guarded:
         return False
-    # ID_MATCH keys (tensors, modules) stay with stock guards, which also track
-    # the key objects' lifetime (CheckFunctionManager.id_ref).
+    # ID_MATCH keys (tensors, modules) keep their guards, which also track the key
+    # objects' lifetime (CheckFunctionManager.id_ref).
     if any(type(key) not in SIMPLE_KEY_TYPES for key in builtin_dict_keys(value)):
         return False
-    return _second_node_accessor(builder, container.source) is not None
+    return second_node_accessor(builder, container.source) is not None
 
 
-def _second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
+def second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
     """How to reach an ordered dict a second time, as a plain GuardManager."""
     if istype(source, LocalSource):
         return "framelocals"
@@ -328,7 +375,8 @@ def _second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
     return None
 
 
-def _second_node(builder: GuardBuilder, container: _Container) -> Any:
+def second_node(builder: GuardBuilder, container: Container) -> Any:
+    """A plain GuardManager for a dict that also has a DictGuardManager."""
     from .guards import get_framelocals_idx, GuardManagerType
 
     source = container.source
@@ -339,7 +387,7 @@ def _second_node(builder: GuardBuilder, container: _Container) -> Any:
         example_value=container.value,
         guard_manager_enum=GuardManagerType.GUARD_MANAGER,
     )
-    how = _second_node_accessor(builder, source)
+    how = second_node_accessor(builder, source)
     if how == "framelocals":
         idx = get_framelocals_idx(builder.f_code, source.local_name)
         return builder.guard_manager.root.framelocals_manager(
@@ -383,68 +431,61 @@ def add_native_guard(
     builder.guard_manager.tag_unsafe_sources.add(node.get_source())
 
 
-def install_tensor_container_guards(builder: GuardBuilder) -> bool:
-    """Install the planned guards; True if the no-aliasing guard was taken over.
+def install_container_guard(
+    builder: GuardBuilder,
+    plan: TensorContainerPlan,
+    container: Container,
+    var: str,
+    group: Any,
+) -> None:
+    """One TensorContainerGuard for container's records, on container.node().
 
-    Called where stock Dynamo installs NO_TENSOR_ALIASING. When it returns True, all
-    tensors that would be under that guard (container members and single tensors,
-    ``builder.no_tensor_aliasing_names``) are checked by one TensorAliasingGroup.
+    Its tensors that take part in no-aliasing join group (a TensorAliasingGroup);
+    var is the closure variable naming the guard in verbose code parts.
     """
-    plan = builder.tensor_container_plan
-    if plan is None:
-        return False
+    if not container.records:
+        return
     from .guards import get_verbose_code_parts
 
-    ext = plan.extension
-    group = ext.TensorAliasingGroup()
-    aliasing_tensors = len(builder.no_tensor_aliasing_names)
-    for i, container in enumerate(plan.containers):
-        if not container.records:
-            continue
-        var = f"___tensor_container_{i}"
-        records = sorted(container.records, key=lambda r: r[0])
-        ordered_keys = None
-        if container.kind == "dict_ordered":
-            ordered_keys = list(builtin_dict_keys(container.value))
-        guard_fn = ext.make_tensor_container_guard(
-            container.kind,
-            builder.arg_ref(container.name),
-            type(container.value),
-            ordered_keys,
-            records,
-            group,
-        )
-        aliasing_tensors += sum(1 for r in records if r[6])
-        plan.closure_vars[var] = guard_fn
-        if container.kind == "dict_ordered":
-            node = _second_node(builder, container)
-        else:
-            node = builder.get_guard_manager_from_source(container.source)
-        ref = builder.arg_ref(container.name)
-        # Recompile reasons evaluate the parts in order: the first one evaluates to
-        # the reason ("xs[417]: dtype changed float32 -> float64").
-        verbose_code_parts = get_verbose_code_parts(
-            [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
-        )
-        if container.guard is None:
-            raise AssertionError("a container with records has a guard")
-        add_native_guard(
-            builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
-        )
-        if container.diff_source:
-            builder.guard_manager.diff_guard_sources.add(node.get_source())
-        log.debug(
-            "%s: %d tensors checked by one TensorContainerGuard", ref, len(records)
-        )
-        # The guard keeps metadata only; do not keep the frame's tensors alive.
-        container.records = []
-        container.value = None
+    if container.guard is None:
+        raise AssertionError("a container with records has a guard")
+    ref = builder.arg_ref(container.name)
+    dict_type, ordered_keys = container.guard_arguments()
+    records = container.sorted_records()
+    guard_fn = plan.extension.make_tensor_container_guard(
+        container.kind, ref, dict_type, ordered_keys, records, group
+    )
+    plan.closure_vars[var] = guard_fn
+    node = container.node(builder)
+    # Recompile reasons evaluate the parts in order: the first one evaluates to
+    # the reason ("xs[417]: dtype changed float32 -> float64").
+    verbose_code_parts = get_verbose_code_parts(
+        [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
+    )
+    add_native_guard(
+        builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
+    )
+    if container.diff_source:
+        builder.guard_manager.diff_guard_sources.add(node.get_source())
+    log.debug("%s: %d tensors checked by one TensorContainerGuard", ref, len(records))
+    # The guard keeps metadata only; do not keep the frame's tensors alive.
+    container.records = []
+    container.value = None
 
-    if aliasing_tensors <= 1:
-        return True  # a single tensor cannot alias; the group stays unused
-    for name, manager in zip(
-        builder.no_tensor_aliasing_names, builder.no_tensor_aliasing_guard_managers
-    ):
+
+def install_aliasing_group(
+    builder: GuardBuilder, plan: TensorContainerPlan, group: Any
+) -> None:
+    """The frame's no-aliasing check: group, with the tensors that are not in a container.
+
+    Called after every container guard joined group. The single tensors
+    (``builder.no_tensor_aliasing_names``) record their identities into group from
+    their own nodes, and group decides as an epilogue guard.
+    """
+    names = builder.no_tensor_aliasing_names
+    if group.num_tensors() + len(names) <= 1:
+        return  # a single tensor cannot alias; the group stays unused
+    for name, manager in zip(names, builder.no_tensor_aliasing_guard_managers):
         add_native_guard(
             builder,
             manager,
@@ -461,6 +502,22 @@ def install_tensor_container_guards(builder: GuardBuilder) -> bool:
         ],
         None,
     )
+
+
+def install_tensor_container_guards(builder: GuardBuilder) -> bool:
+    """Install the planned guards; True if the no-aliasing guard was taken over.
+
+    Called where Dynamo installs NO_TENSOR_ALIASING. When it returns True, all
+    tensors that would be under that guard (container members and single tensors,
+    ``builder.no_tensor_aliasing_names``) are checked by one TensorAliasingGroup.
+    """
+    plan = builder.tensor_container_plan
+    if plan is None:
+        return False
+    group = plan.extension.TensorAliasingGroup()
+    for i, container in enumerate(plan.containers):
+        install_container_guard(builder, plan, container, f"___tensor_container_{i}", group)
+    install_aliasing_group(builder, plan, group)
     return True
 
 

@@ -13,7 +13,9 @@ those, each O(N) nodes and O(N) work per call:
 * ``params[i] is list(dict.keys(state))[i]`` (DUPLICATE_INPUT), one Python
   ``is`` lambda per pair, built with ``ast`` at compile time.
 
-This module extends the plan of ``guard_accel``: a grad's guards become an
+This module extends the plan of ``guard_accel`` through its public API (a plan
+subclass, ``Container``, ``TensorRecord``, ``install_container_guard`` and
+``install_aliasing_group``): a grad's guards become an
 optional grad record of its element's record (checked in the same loop; grads
 join the aliasing group), a dict of dicts becomes a ``dict_nested`` container
 (records located by outer position and inner str key; the inner dicts' str keys
@@ -24,14 +26,14 @@ alive and no pointer is kept between checks.
 
 A guard taken over here is only dropped from the tree if its replacement is
 installed: at install time, every taken guard whose element has no record is
-created as usual (``_create_stock``).
+created as usual (``_create_unreplaced``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 from . import config, guard_accel
 from .source import (
@@ -53,42 +55,61 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass
-class _GradPlan:
-    container: Any  # guard_accel._Container
-    locator: Any
+class NestedContainer(guard_accel.Container):
+    """A dict of dicts of tensors: records at (outer position, inner str key)."""
+
+    # inner dict source name -> its position in the outer dict
+    inner_sources: dict[str, int] = dataclasses.field(default_factory=dict)
+    # outer position -> the inner dict's str keys in order, checked by the guard
+    inner_keys: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def guard_arguments(self) -> tuple[type, Any]:
+        return dict, (dict(self.inner_keys) or None)
+
+    def sorted_records(self) -> list[guard_accel.TensorRecord]:
+        return sorted(self.records, key=lambda r: (r.locator, r.key))
+
+    def node(self, builder: GuardBuilder) -> Any:
+        # A DictGuardManager takes ID_MATCH leaves only: a plain node for the dict.
+        return guard_accel.second_node(builder, self)
+
+
+@dataclasses.dataclass
+class GradPlan:
+    """The guards on one container element's .grad that its record takes over."""
+
+    container: guard_accel.Container
+    locator: tuple[Any, Any]  # the element's (locator, key), as in its record
     expect_none: bool
     guards: list[Guard]  # every guard taken over for this grad
     tensor_guard: Guard | None  # its TENSOR_MATCH, recorded by add_tensor
+    shadow: guard_accel.Container | None  # collects tensor_guard's record
 
 
-class _SharedGroup:
-    """The extension, handing guard_accel a TensorAliasingGroup made beforehand."""
+class IdentityItem(NamedTuple):
+    """A list/tuple item or a dict key by position, reached from a frame local."""
 
-    def __init__(self, ext: Any, group: Any) -> None:
-        self._ext = ext
-        self.group = group
+    local: Source  # a LocalSource
+    steps: tuple[tuple[bool, Any], ...]  # (is_attr, name or key) from the local
+    keys: bool  # the item is list(dict.keys(d))[index]
+    index: int
 
-    def TensorAliasingGroup(self) -> Any:  # noqa: N802 (mirrors the extension)
-        return self.group
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ext, name)
+class IdentityPair(NamedTuple):
+    guard: Guard  # the DUPLICATE_INPUT guard replaced
+    a: IdentityItem
+    b: IdentityItem
 
 
 class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
-    def __init__(self, extension: Any, containers: list[Any]) -> None:
+    def __init__(self, extension: Any, containers: list[guard_accel.Container]) -> None:
         super().__init__(extension, containers)
-        self._grads: dict[str, _GradPlan] = {}  # grad source name -> plan
-        # TENSOR_MATCH of a grad -> a shadow container collecting its record
-        self._grad_shadows: dict[int, Any] = {}
+        self._grads: dict[str, GradPlan] = {}  # grad source name -> plan
         self._taken: dict[int, Guard] = {}  # id(guard) -> guard, see takes_guard
         # inner dict TYPE_MATCH and DICT_KEYS_MATCH guards of dict_nested containers:
         # id -> (container, position)
-        self._inner_types: dict[int, tuple[Any, int]] = {}
-        # inner dict keys in order, checked by the container guard: id(container) ->
-        # {position: keys}
-        self._inner_keys: dict[int, dict[int, tuple[str, ...]]] = {}
-        self._identity_pairs: list[tuple[Guard, Any, Any]] = []
+        self._inner_types: dict[int, tuple[NestedContainer, int]] = {}
+        self.identity_pairs: list[IdentityPair] = []
 
     def takes_guard(self, builder: GuardBuilder, guard: Guard) -> bool:
         """True: the guard is checked by a native guard; do not create it."""
@@ -106,7 +127,7 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
             if (
                 istype(source, GradSource)
                 and source.member == "grad"
-                and source.base.name in self._by_member
+                and self.container_of(source.base.name) is not None
             ):
                 by_grad.setdefault(source.name, []).append(guard)
         output_graph = builder.check_fn_manager.output_graph
@@ -114,9 +135,10 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
 
         for name, grad_guards in by_grad.items():
             source = grad_guards[0].originating_source
-            container = self._by_member[source.base.name]
+            container = self.container_of(source.base.name)
+            assert container is not None
             locator = container.members[source.base.name]  # (locator, key), as in records
-            kinds = {guard_accel._create_fn_name(g) for g in grad_guards}
+            kinds = {g.create_fn_name() for g in grad_guards}
             value = builder.get(source)
             tensor_guard = None
             if value is None:
@@ -127,24 +149,27 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                     continue
                 if "TENSOR_MATCH" in kinds:
                     tensor_guard = next(
-                        g for g in grad_guards if guard_accel._create_fn_name(g) == "TENSOR_MATCH"
+                        g for g in grad_guards if g.create_fn_name() == "TENSOR_MATCH"
                     )
                     if (
                         match_on_id_for_tensor(tensor_guard)
                         or source not in output_graph.input_source_to_sizes_strides
-                        or not guard_accel._supported_tensor(value)
+                        or not guard_accel.supported_tensor(value)
                         or (config._unsafe_skip_fsdp_module_guards and tensor_guard.is_fsdp_module())
                     ):
                         continue
-            plan = _GradPlan(container, locator, value is None, grad_guards, tensor_guard)
-            self._grads[name] = plan
+            shadow = None
+            if tensor_guard is not None:
+                # add_tensor records the grad's TENSOR_MATCH here; prepare() moves
+                # the record into the element's.
+                shadow = guard_accel.Container(source, name, container.kind, None)
+                shadow.members[tensor_guard.name] = locator
+                self.route(tensor_guard.name, shadow)
+            self._grads[name] = GradPlan(
+                container, locator, value is None, grad_guards, tensor_guard, shadow
+            )
             for g in grad_guards:
-                if g is tensor_guard:
-                    shadow = guard_accel._Container(source, name, container.kind, None)
-                    shadow.members[g.name] = locator
-                    self._by_member[g.name] = shadow
-                    self._grad_shadows[id(g)] = shadow
-                else:
+                if g is not tensor_guard:
                     self._take(g)
 
     # -- nested dicts --------------------------------------------------------
@@ -152,20 +177,21 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
     def note_inner_type_guards(self, builder: GuardBuilder, guards: list[Guard]) -> None:
         """The type, and the keys in order, of the dicts holding a dict_nested
         container's tensors are checked by its guard."""
-        inner: dict[str, tuple[Any, int]] = {}
+        inner: dict[str, tuple[NestedContainer, int]] = {}
         for container in self.containers:
-            for source_name, position in getattr(container, "inner_sources", {}).items():
-                inner[source_name] = (container, position)
+            if isinstance(container, NestedContainer):
+                for source_name, position in container.inner_sources.items():
+                    inner[source_name] = (container, position)
         for guard in guards:
             if guard.name not in inner:
                 continue
-            kind = guard_accel._create_fn_name(guard)
+            kind = guard.create_fn_name()
             if kind == "DICT_KEYS_MATCH":
                 keys = tuple(builtin_dict_keys(builder.get(guard.originating_source)))
                 if not all(type(k) is str for k in keys):
                     continue
                 container, position = inner[guard.name]
-                self._inner_keys.setdefault(id(container), {})[position] = keys
+                container.inner_keys[position] = keys
             elif kind != "TYPE_MATCH":
                 continue
             self._inner_types[id(guard)] = inner[guard.name]
@@ -177,9 +203,9 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
         from .guards import is_from_optimizer_source, is_from_skip_guard_source
 
         seen: set[frozenset[str]] = set()
-        pairs = []
+        pairs: list[IdentityPair] = []
         for guard in guards:
-            if guard_accel._create_fn_name(guard) != "DUPLICATE_INPUT":
+            if guard.create_fn_name() != "DUPLICATE_INPUT":
                 continue
             source_b = getattr(guard.create_fn, "keywords", {}).get("source_b")
             source_a = guard.originating_source
@@ -187,52 +213,52 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                 is_from_skip_guard_source(s) or is_from_optimizer_source(s)
                 for s in (source_a, source_b)
             ):
-                continue  # stock installs nothing for these
+                continue  # DUPLICATE_INPUT installs nothing for these either
             item_a = _identity_item(builder, source_a)
             item_b = _identity_item(builder, source_b)
             if item_a is None or item_b is None:
                 continue
             key = frozenset((source_a.name, source_b.name))
             if key in seen:
-                self._take(guard)  # stock skips a repeated pair as well
+                self._take(guard)  # DUPLICATE_INPUT skips a repeated pair as well
                 continue
             seen.add(key)
-            pairs.append((guard, item_a, item_b))
+            pairs.append(IdentityPair(guard, item_a, item_b))
         if len(pairs) < min_size:
             return
-        for guard, _, _ in pairs:
-            self._take(guard)
-        self._identity_pairs = pairs
+        for pair in pairs:
+            self._take(pair.guard)
+        self.identity_pairs = pairs
 
     # -- install -------------------------------------------------------------
 
-    def _create_stock(self, builder: GuardBuilder, guards: list[Guard]) -> None:
-        builder.tensor_container_plan = None
-        try:
-            for guard in guards:
-                guard.create(builder)
-        finally:
-            builder.tensor_container_plan = self
+    def _create_unreplaced(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        """Create taken guards whose replacement is not installed, as Dynamo would."""
+        for guard in guards:
+            self.route(guard.name, None)  # a grad's TENSOR_MATCH gets its own node
+            guard.create(builder)
 
     def prepare(self, builder: GuardBuilder) -> None:
         """Attach grad records; create taken guards that found no record as usual."""
         fallback: list[Guard] = []
-        record_locators = {id(c): {(r[0], r[1]) for r in c.records} for c in self.containers}
+        record_locators = {
+            id(c): {(r.locator, r.key) for r in c.records} for c in self.containers
+        }
         grad_specs: dict[int, dict[Any, Any]] = {}
         for plan in self._grads.values():
             locator = plan.locator
             container = plan.container
-            shadow = self._grad_shadows.get(id(plan.tensor_guard)) if plan.tensor_guard else None
+            shadow = plan.shadow
             if locator not in record_locators[id(container)]:
-                fallback += plan.guards  # its element kept stock guards: so does the grad
+                fallback += plan.guards  # its element kept its own guards: so does the grad
                 continue
             if plan.expect_none:
                 spec: Any = "none"
             elif shadow is not None and shadow.records:
-                spec = shadow.records[0][:8]
+                spec = shadow.records[0]
                 container.diff_source |= shadow.diff_source
             elif plan.tensor_guard is not None and any(g is not plan.tensor_guard for g in plan.guards):
-                spec = "present"  # TENSOR_MATCH was not created (stock would skip it too)
+                spec = "present"  # TENSOR_MATCH was not created (Dynamo skips it too)
             else:
                 spec = None
             grad_specs.setdefault(id(container), {})[locator] = spec
@@ -240,50 +266,48 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
             specs = grad_specs.get(id(container))
             if specs:
                 container.records = [
-                    (*r[:8], specs.get((r[0], r[1])))
-                    for r in container.records
+                    r._replace(grad=specs.get((r.locator, r.key))) for r in container.records
                 ]
-        positions = {id(c): {r[0] for r in c.records} for c in self.containers}
+        positions = {id(c): {r.locator for r in c.records} for c in self.containers}
         for guard_id, (container, position) in self._inner_types.items():
             if position not in positions[id(container)]:
                 fallback.append(self._taken[guard_id])
-                self._inner_keys.get(id(container), {}).pop(position, None)
+                container.inner_keys.pop(position, None)
         if fallback:
-            self._create_stock(builder, fallback)
+            self._create_unreplaced(builder, fallback)
 
     def install_identity(self, builder: GuardBuilder) -> None:
-        if not self._identity_pairs:
+        if not self.identity_pairs:
             return
         bases: list[tuple[str | None, list[tuple[bool, Any]], bool]] = []
         base_index: dict[tuple[Any, ...], int] = {}
         pairs = []
         # All pairs under one frame local (self): the guard goes on that local's
         # node, next to what it checks, and starts from it; else on the root.
-        locals_ = {item[0] for _, a, b in self._identity_pairs for item in (a, b)}
+        locals_ = {item.local for pair in self.identity_pairs for item in (pair.a, pair.b)}
         local = next(iter(locals_)) if len(locals_) == 1 else None
 
-        def base_of(item: tuple[Any, ...]) -> int:
-            source, steps, keys, _ = item
-            name = None if local is not None else source.local_name
-            key = (name, tuple(steps), keys)
+        def base_of(item: IdentityItem) -> int:
+            name = None if local is not None else item.local.local_name
+            key = (name, item.steps, item.keys)
             if key not in base_index:
                 base_index[key] = len(bases)
-                bases.append((name, list(steps), keys))
+                bases.append((name, list(item.steps), item.keys))
             return base_index[key]
 
-        for guard, item_a, item_b in self._identity_pairs:
+        for guard, item_a, item_b in self.identity_pairs:
             ref_a = builder.arg_ref(guard)
             ref_b = builder.arg_ref(guard.create_fn.keywords["source_b"].name)
             # Shown without L[...], as recompile reasons show sources.
             text = re.sub(r"\bL\['([A-Za-z_]\w*)'\]", r"\1", f"{ref_b} is {ref_a}")
-            pairs.append((base_of(item_a), item_a[3], base_of(item_b), item_b[3], text))
+            pairs.append((base_of(item_a), item_a.index, base_of(item_b), item_b.index, text))
         identity = self.extension.make_object_identity_guard(bases, pairs)
         # The guard_accel prefix: explain_guards lists it as an accelerated guard.
         var = "___tensor_container_identity"
         self.closure_vars[var] = identity
         from .guards import get_verbose_code_parts
 
-        first = self._identity_pairs[0][0]
+        first = self.identity_pairs[0].guard
         arg = builder.arg_ref(local.name) if local is not None else "L"
         code_parts = get_verbose_code_parts(
             [f"{var}.explain({arg})", f"{var}({arg})  # {len(pairs)} `is` pairs of container items"],
@@ -301,13 +325,12 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
             builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
 
 
-def _path(source: Source) -> tuple[Source, list[tuple[bool, Any]]] | None:
+def _path(source: Source) -> tuple[Source, tuple[tuple[bool, Any], ...]] | None:
     """(the LocalSource, steps) that reach `source` from a frame local, or None."""
     steps: list[tuple[bool, Any]] = []
     while True:
         if istype(source, LocalSource):
-            steps.reverse()
-            return source, steps
+            return source, tuple(reversed(steps))
         if istype(source, AttrSource):
             if "." in source.member:
                 return None
@@ -325,8 +348,8 @@ def _path(source: Source) -> tuple[Source, list[tuple[bool, Any]]] | None:
         source = source.base
 
 
-def _identity_item(builder: GuardBuilder, source: Source) -> tuple[Any, ...] | None:
-    """(local, steps, keys, index) of a list/tuple item or a dict key by position."""
+def _identity_item(builder: GuardBuilder, source: Source) -> IdentityItem | None:
+    """How to reach a list/tuple item or a dict key by position from a frame local."""
     if istype(source, ConstDictKeySource):
         if not isinstance(builder.get(source.base), dict) or type(source.index) is not int:
             return None
@@ -342,19 +365,19 @@ def _identity_item(builder: GuardBuilder, source: Source) -> tuple[Any, ...] | N
     path = _path(source.base)
     if path is None:
         return None
-    return (path[0], path[1], keys, source.index)
+    return IdentityItem(path[0], path[1], keys, source.index)
 
 
 def _plan_nested(
     builder: GuardBuilder, guards: list[Guard], taken: set[str], min_size: int
-) -> list[Any]:
+) -> list[NestedContainer]:
     """dict_nested containers: outer[ConstDictKey(i)][str key] tensors."""
     from .guards import match_on_id_for_tensor
 
     output_graph = builder.check_fn_manager.output_graph
-    containers: dict[str, Any] = {}
+    containers: dict[str, NestedContainer] = {}
     for guard in guards:
-        if guard_accel._create_fn_name(guard) != "TENSOR_MATCH" or guard.name in taken:
+        if guard.create_fn_name() != "TENSOR_MATCH" or guard.name in taken:
             continue
         source = guard.originating_source
         if not istype(source, DictGetItemSource) or type(source.index) is not str:
@@ -376,16 +399,15 @@ def _plan_nested(
             continue
         # The guard needs a plain node for the dict (a DictGuardManager takes
         # ID_MATCH leaves only).
-        if guard_accel._second_node_accessor(builder, outer) is None:
+        if guard_accel.second_node_accessor(builder, outer) is None:
             continue
-        if not guard_accel._supported_tensor(builder.get(source)):
+        if not guard_accel.supported_tensor(builder.get(source)):
             continue
         container = containers.get(outer.name)
         if container is None:
-            container = containers[outer.name] = guard_accel._Container(
+            container = containers[outer.name] = NestedContainer(
                 outer, outer.name, "dict_nested", outer_value
             )
-            container.inner_sources = {}
         locator = (inner.index.index, source.index)
         if locator in container.locators:
             continue
@@ -406,7 +428,7 @@ def plan_tensor_containers(
     if output_graph is None or output_graph.export:
         return base
     min_size = max(config.tensor_container_guard_min_size, 2)
-    tensor_guards = sum(1 for g in guards if guard_accel._create_fn_name(g) == "TENSOR_MATCH")
+    tensor_guards = sum(1 for g in guards if g.create_fn_name() == "TENSOR_MATCH")
     if tensor_guards < min_size:
         return base
     ext = guard_accel.extension()
@@ -417,47 +439,16 @@ def plan_tensor_containers(
     ):
         # An extension without this module's guards: guard_accel's plan only.
         return NestedTensorContainerPlan(ext, base.containers) if base is not None else None
-    containers = list(base.containers) if base is not None else []
+    containers: list[guard_accel.Container] = list(base.containers) if base is not None else []
     taken = {m for c in containers for m in c.members}
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = NestedTensorContainerPlan(ext, containers)
     plan.plan_grads(builder, guards)
     plan.note_inner_type_guards(builder, guards)
     plan.plan_identity(builder, guards, min_size)
-    if not containers and not plan._identity_pairs:
+    if not containers and not plan.identity_pairs:
         return None
     return plan
-
-
-def _install_nested(
-    builder: GuardBuilder, plan: NestedTensorContainerPlan, containers: list[Any], group: Any
-) -> None:
-    """One TensorContainerGuard per dict of dicts, on a second, plain node for it."""
-    from .guards import get_verbose_code_parts
-
-    for i, container in enumerate(containers):
-        if not container.records:
-            continue
-        ref = builder.arg_ref(container.name)
-        records = sorted(container.records, key=lambda r: (r[0], r[1]))
-        guard_fn = plan.extension.make_tensor_container_guard(
-            "dict_nested", ref, dict, plan._inner_keys.get(id(container)) or None, records, group
-        )
-        var = f"___tensor_container_nested_{i}"
-        plan.closure_vars[var] = guard_fn
-        node = guard_accel._second_node(builder, container)
-        guard_accel.add_native_guard(
-            builder,
-            node,
-            guard_fn,
-            get_verbose_code_parts([f"{var}.explain({ref})", f"{var}({ref})"], container.guard),
-            container.guard.user_stack,
-        )
-        if container.diff_source:
-            builder.guard_manager.diff_guard_sources.add(node.get_source())
-        # The guard keeps metadata only; do not keep the frame's tensors alive.
-        container.records = []
-        container.value = None
 
 
 def install_tensor_container_guards(builder: GuardBuilder) -> bool:
@@ -466,33 +457,16 @@ def install_tensor_container_guards(builder: GuardBuilder) -> bool:
     if not isinstance(plan, NestedTensorContainerPlan):
         return guard_accel.install_tensor_container_guards(builder)
     plan.prepare(builder)
-    ext = plan.extension
-    group = ext.TensorAliasingGroup()
-    nested = [c for c in plan.containers if c.kind == "dict_nested"]
-    _install_nested(builder, plan, nested, group)
-    all_containers = plan.containers
-    plan.containers = [c for c in all_containers if c.kind != "dict_nested"]
-    plan.extension = _SharedGroup(ext, group)
-    try:
-        installed = guard_accel.install_tensor_container_guards(builder)
-    finally:
-        plan.extension = ext
-        plan.containers = all_containers
-    if (
-        installed
-        and group is not None
-        and "___tensor_aliasing_group" not in plan.closure_vars
-        and group.num_tensors() > 1
-    ):
-        # guard_accel counts element records only; grads may make the group needed.
-        plan.closure_vars["___tensor_aliasing_group"] = group
-        builder.guard_manager.root.add_epilogue_lambda_guard(
-            group,
-            [
-                "___tensor_aliasing_group.explain()",
-                f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
-            ],
-            None,
-        )
+    group = plan.extension.TensorAliasingGroup()
+    nested = [c for c in plan.containers if isinstance(c, NestedContainer)]
+    flat = [c for c in plan.containers if not isinstance(c, NestedContainer)]
+    for i, container in enumerate(nested):
+        var = f"___tensor_container_nested_{i}"
+        guard_accel.install_container_guard(builder, plan, container, var, group)
+    for i, container in enumerate(flat):
+        var = f"___tensor_container_{i}"
+        guard_accel.install_container_guard(builder, plan, container, var, group)
+    # Grads are in group too: it counts them when deciding whether it is needed.
+    guard_accel.install_aliasing_group(builder, plan, group)
     plan.install_identity(builder)
-    return installed
+    return True
