@@ -39,7 +39,8 @@ from dplib import rebase as rebase_mod  # noqa: E402
 from dplib import upstream_tests as upstream_mod  # noqa: E402
 from dplib.targets import (check_overrides, fetch_release_wheel, override_versions, release_sources,  # noqa: E402
                            supported_versions, with_overrides)  # noqa: E402
-from dplib.series import apply_to_target, load_series, patched_sources, series_digest  # noqa: E402
+from dplib.series import (apply_to_target, check_override_names, load_series, patched_sources,  # noqa: E402
+                          series_digest)
 from dplib.wheel import patched_wheel_name, repack, stamp_version_py  # noqa: E402
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
@@ -69,8 +70,9 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     wheel = fetch_base_wheel(project, spec, args.base_wheel)
     pristine = pristine_sources(project, spec, wheel)
     patches = load_series(project, pristine)
+    check_override_names(project, patches)  # before check_overrides: say which file to rename
     overrides = check_overrides(project, patches)
-    upstream_mod.load_expected_changes(project)  # every entry names a patch of the series
+    upstream_mod.load_expected_changes(project)  # every entry names a patch of the series by Patch-Name
     patched_sources(project, patches, pristine, project.build / "check")
     shutil.rmtree(project.build / "check", ignore_errors=True)
     log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}"

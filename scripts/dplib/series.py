@@ -24,6 +24,10 @@ TRAILER_RE = re.compile(r"^([A-Z][A-Za-z-]+): (.*)$")
 DIFF_FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 OVERRIDE_DIR_RE = re.compile(r"^\d+\.\d+\.\d+$")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.M)
+# A patch's stable identity (like gbp's `Gbp-Pq: Name`): kept when the patch is renumbered or
+# its subject changes, so overrides and upstream-expected-changes cannot silently retarget.
+PATCH_NAME_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")  # not a number: numbers change
+PATCH_NAME_MAX = 48
 
 
 @dataclass
@@ -39,6 +43,12 @@ class Patch:
 
     def trailer_values(self, key: str) -> list[str]:
         return [v for k, v in self.trailers if k == key]
+
+    @property
+    def patch_name(self) -> str:
+        """The `Patch-Name:` trailer ("" when missing; check_header refuses that)."""
+        values = self.trailer_values("Patch-Name")
+        return values[0] if values else ""
 
     @property
     def overlay_files(self) -> list[str]:
@@ -123,6 +133,12 @@ def check_header(patch: Patch) -> None:
         problems.append("no Subject:")
     if not patch.description:
         problems.append("no description of what it does and why")
+    names = patch.trailer_values("Patch-Name")
+    if len(names) != 1:
+        problems.append(f"needs one 'Patch-Name: <name>' trailer (has {len(names)})")
+    elif not PATCH_NAME_RE.match(names[0]) or len(names[0]) > PATCH_NAME_MAX:
+        problems.append(f"Patch-Name {names[0]!r} is not lower-case words joined by '-', starting with "
+                        f"a letter (at most {PATCH_NAME_MAX} characters)")
     statuses = patch.trailer_values("Upstream-Status")
     if len(statuses) != 1 or statuses[0].split(" ", 1)[0] not in UPSTREAM_STATUSES:
         problems.append(f"needs one 'Upstream-Status: <{'|'.join(UPSTREAM_STATUSES)}> [detail]' trailer")
@@ -130,6 +146,45 @@ def check_header(patch: Patch) -> None:
         problems.append("no diff")
     if problems:
         raise DynapatchError(f"patch {patch.name}: " + "; ".join(problems), SERIES_INVALID)
+
+
+def check_patch_names(patches: list[Patch]) -> None:
+    """No two patches share a Patch-Name."""
+    seen: dict[str, str] = {}
+    for patch in patches:
+        if patch.patch_name in seen:
+            raise DynapatchError(f"patches {seen[patch.patch_name]} and {patch.name} have the same "
+                                 f"Patch-Name {patch.patch_name}", SERIES_INVALID)
+        seen[patch.patch_name] = patch.name
+
+
+def by_patch_name(patches: list[Patch]) -> dict[str, Patch]:
+    return {p.patch_name: p for p in patches}
+
+
+def check_override_names(project: Project, patches: list[Patch]) -> None:
+    """Each patches/<version>/ override is the series patch with its file name and its Patch-Name.
+
+    A patch renumbered or renamed by refresh would otherwise orphan its override silently
+    (matched by file name, it replaces nothing or the wrong patch): name the file to move.
+    """
+    by_file = {p.name: p for p in patches}
+    named = by_patch_name(patches)
+    for directory in sorted(d for d in project.patches.iterdir() if d.is_dir() and OVERRIDE_DIR_RE.match(d.name)):
+        for path in sorted(directory.rglob("*.patch")):
+            rel = str(path.relative_to(directory))
+            override = parse_patch(f"{directory.name}/{rel}", path)
+            primary = named.get(override.patch_name)
+            where = f"override patches/{directory.name}/{rel}"
+            if primary is None:
+                raise DynapatchError(f"{where} has Patch-Name {override.patch_name or '(none)'!r}, which no "
+                                     f"patch of the series has", SERIES_INVALID)
+            if primary.name != rel:
+                now = by_file.get(rel)
+                raise DynapatchError(
+                    f"{where} is patch {override.patch_name}, now patches/{primary.name}"
+                    + (f" (patches/{rel} is {now.patch_name})" if now else "")
+                    + f": rename it to patches/{directory.name}/{primary.name}", SERIES_INVALID)
 
 
 def check_duplicate_content(patches: list[Patch]) -> None:
@@ -172,6 +227,7 @@ def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
     patches = [parse_patch(name, project.patches / name) for name in names]
     for patch in patches:
         check_header(patch)
+    check_patch_names(patches)
     check_duplicate_content(patches)
     check_overlay(project, patches, pristine)
     return patches

@@ -78,6 +78,67 @@ class ExportPrsTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("export-prs", str(self.tmp / "full")), 1, "not empty")
 
 
+class PatchNameTest(ProjectCopyTestCase):
+    """Patch-Name: every patch has one, unique, and overrides and expected changes follow it."""
+
+    def set_trailer(self, path, value):
+        text = path.read_text()
+        old = next(line for line in text.splitlines() if line.startswith("Patch-Name: "))
+        path.write_text(text.replace(old + "\n", f"Patch-Name: {value}\n" if value is not None else "", 1))
+
+    def renumber(self, old_path, new_name):
+        """What refresh does when a patch is inserted before this one: the file is renamed."""
+        series = self.project / "patches/series"
+        series.write_text(series.read_text().replace(old_path.name, new_name))
+        old_path.rename(old_path.with_name(new_name))
+
+    def test_every_shipped_patch_and_override_has_a_unique_name(self):
+        names = [line.split(": ", 1)[1] for p in sorted((ROOT / "patches").glob("*.patch"))
+                 for line in p.read_text().split("\n---\n", 1)[0].splitlines() if line.startswith("Patch-Name: ")]
+        self.assertEqual(len(names), len(list((ROOT / "patches").glob("*.patch"))))
+        self.assertEqual(len(set(names)), len(names))
+
+    def test_missing_name(self):
+        self.set_trailer(self.patch, None)
+        self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "needs one 'Patch-Name: <name>' trailer")
+
+    def test_two_names(self):
+        text = self.patch.read_text()
+        self.patch.write_text(text.replace("Upstream-Status:", "Patch-Name: second\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "(has 2)")
+
+    def test_bad_format(self):
+        for bad in ("Optimizer_Fix", "0001", "-x", "a" * 49):
+            with self.subTest(bad=bad):
+                self.set_trailer(self.patch, bad)
+                self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "is not lower-case words")
+
+    def test_duplicate_name(self):
+        second = sorted((self.project / "patches").glob("0002-*.patch"))[0]
+        self.set_trailer(second, "optimizer-init-group-match")
+        self.assertFailsWith(self.dynapatch("check"), 1, second.name, "same Patch-Name optimizer-init-group-match")
+
+    def test_renumbered_patch_keeps_expected_changes_and_names_its_override(self):
+        second = sorted((self.project / "patches").glob("0002-*.patch"))[0]
+        self.renumber(second, "0099-moved.patch")  # expected changes name module-int-symints
+        self.assertEqual(self.dynapatch("check").returncode, 0)
+        override = sorted((self.project / "patches/2.14.1").glob("0001-*.patch"))[0]
+        self.renumber(self.patch, "0098-moved.patch")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.14.1/{override.name} is patch "
+                             "optimizer-init-group-match, now patches/0098-moved.patch",
+                             "rename it to patches/2.14.1/0098-moved.patch")
+        override.rename(override.with_name("0098-moved.patch"))
+        self.assertEqual(self.dynapatch("check").returncode, 0)
+
+    def test_override_with_another_patch_name(self):
+        override = sorted((self.project / "patches/2.14.1").glob("0001-*.patch"))[0]
+        self.set_trailer(override, "module-int-symints")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.14.1/{override.name} is patch "
+                             "module-int-symints, now patches/0002-")
+        self.set_trailer(override, "unknown-name")
+        self.assertFailsWith(self.dynapatch("check"), 1, "Patch-Name 'unknown-name', which no patch")
+
+
 class RebaseCheckTest(ProjectCopyTestCase):
     """rebase-check against a small fake release wheel made from the base's own sources."""
 
@@ -150,7 +211,8 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "identical")
         override.unlink()
         (override.parent / "0099-nothing.patch").write_text(original)
-        self.assertFailsWith(self.dynapatch("check"), 1, "replaces no patch")
+        self.assertFailsWith(self.dynapatch("check"), 1, "0099-nothing.patch is patch optimizer-init-group-match",
+                             f"rename it to patches/2.99.0/{self.patch.name}")
 
     def test_shipped_overrides_are_for_releases_other_than_the_base(self):
         self.assertFalse((ROOT / "patches/2.13.0").exists())
@@ -213,7 +275,8 @@ class UpstreamTestsTest(ProjectCopyTestCase):
 
     def test_reviewed_expected_change_does_not_fail(self):
         expected = self.project / "patches/upstream-expected-changes"
-        expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  0001  checks the stock version\n")
+        expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  optimizer-init-group-match  "
+                            "checks the stock version\n")
         proc = self.run_fixture_checkout()
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("regressions (passed on stock, fail patched): 0\n", proc.stdout)
@@ -221,8 +284,13 @@ class UpstreamTestsTest(ProjectCopyTestCase):
                       "  dynamo.test_fixture_version::test_stock_version  (0001-", proc.stdout)
 
     def test_expected_change_must_name_a_patch_of_the_series(self):
-        (self.project / "patches/upstream-expected-changes").write_text("dynamo.test_x::test_y  0099  gone\n")
-        self.assertFailsWith(self.dynapatch("check"), 1, "patch 0099 is not in patches/series")
+        expected = self.project / "patches/upstream-expected-changes"
+        expected.write_text("dynamo.test_x::test_y  no-such-patch  gone\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "upstream-expected-changes:1",
+                             "no patch of patches/series has Patch-Name no-such-patch")
+        # Numbers are not names: a renumbered series would retarget them silently.
+        expected.write_text("dynamo.test_x::test_y  0001  gone\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "Patch-Name 0001", "not by number")
 
     def test_missing_file_is_named(self):
         (self.tmp / "pytorch/test/dynamo").mkdir(parents=True)
