@@ -36,6 +36,7 @@ from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha
 from dplib.ext import build_extension  # noqa: E402
 from dplib import export as export_mod  # noqa: E402
 from dplib import rebase as rebase_mod  # noqa: E402
+from dplib import testsel as testsel_mod  # noqa: E402
 from dplib import upstream_tests as upstream_mod  # noqa: E402
 from dplib.targets import (check_overrides, fetch_release_wheel, override_versions, release_sources,  # noqa: E402
                            supported_versions, with_overrides)  # noqa: E402
@@ -73,6 +74,8 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     check_override_names(project, patches)  # before check_overrides: say which file to rename
     overrides = check_overrides(project, patches)
     upstream_mod.load_expected_changes(project)  # every entry names a patch of the series by Patch-Name
+    testsel_mod.shared_files(project, patches)  # Tests: files exist, selectors select
+    testsel_mod.check_pr_extra(project, patches, pristine)
     patched_sources(project, patches, pristine, project.build / "check")
     shutil.rmtree(project.build / "check", ignore_errors=True)
     log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}"

@@ -28,6 +28,10 @@ HUNK_RE = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.M)
 # its subject changes, so overrides and upstream-expected-changes cannot silently retarget.
 PATCH_NAME_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")  # not a number: numbers change
 PATCH_NAME_MAX = 48
+# The C++ extension's sources: each is owned by one patch (its `Native-File:` trailer), whose PR
+# carries it; the out-of-tree build files (setup.py, CMakeLists.txt) only build the wheel.
+NATIVE_DIR = "csrc"
+NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hpp")
 
 
 @dataclass
@@ -53,6 +57,11 @@ class Patch:
     @property
     def overlay_files(self) -> list[str]:
         return [f.strip() for v in self.trailer_values("Overlay-File") for f in v.split(",") if f.strip()]
+
+    @property
+    def native_files(self) -> list[str]:
+        """csrc/ sources this patch owns (`Native-File:` trailers), relative to the project root."""
+        return [f.strip() for v in self.trailer_values("Native-File") for f in v.split(",") if f.strip()]
 
     @property
     def files(self) -> list[str]:
@@ -220,6 +229,29 @@ def check_overlay(project: Project, patches: list[Patch], pristine: Path | None)
             SERIES_INVALID)
 
 
+def check_native(project: Project, patches: list[Patch]) -> None:
+    """Each csrc/ source is owned by exactly one patch, and each owned file exists."""
+    owner: dict[str, str] = {}
+    for patch in patches:
+        for rel in patch.native_files:
+            if not rel.startswith(NATIVE_DIR + "/") or not rel.endswith(NATIVE_SUFFIXES):
+                raise DynapatchError(f"patch {patch.name}: Native-File {rel} is not a C/C++ source under "
+                                     f"{NATIVE_DIR}/", SERIES_INVALID)
+            if rel in owner:
+                raise DynapatchError(f"native file {rel} is claimed by {owner[rel]} and {patch.name}", SERIES_INVALID)
+            owner[rel] = patch.name
+            if not (project.root / rel).is_file():
+                raise DynapatchError(f"patch {patch.name} needs native file {rel}, which is missing", SERIES_INVALID)
+    native = project.root / NATIVE_DIR
+    present = sorted(str(p.relative_to(project.root)) for p in native.rglob("*")
+                     if p.is_file() and p.name.endswith(NATIVE_SUFFIXES)) if native.is_dir() else []
+    unowned = [rel for rel in present if rel not in owner]
+    if unowned:
+        raise DynapatchError(
+            f"native sources no patch owns (add a Native-File: trailer to the patch whose code uses them, "
+            f"so its PR carries them): {', '.join(unowned)}", SERIES_INVALID)
+
+
 def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
     """Read and validate the whole series (everything but application)."""
     names = read_series_names(project)
@@ -230,6 +262,7 @@ def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
     check_patch_names(patches)
     check_duplicate_content(patches)
     check_overlay(project, patches, pristine)
+    check_native(project, patches)
     return patches
 
 
