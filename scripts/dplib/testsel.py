@@ -91,6 +91,11 @@ class SharedFile:
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
                     isinstance(n, ast.Name) and n.id in dropped_top for n in ast.walk(node)):
                 drop.update(range(_start(node) - 1, node.end_lineno))
+        for start in sorted(drop):  # and the blank lines before each removed definition
+            i = start - 1
+            while i >= 0 and i not in drop and not lines[i].strip():
+                drop.add(i)
+                i -= 1
         text = "".join(line for i, line in enumerate(lines) if i not in drop)
         try:
             ast.parse(text)

@@ -307,3 +307,122 @@ class UpstreamTestsTest(ProjectCopyTestCase):
         proc = self.dynapatch("upstream-tests", "--pytorch-src", str(self.tmp / "pytorch"),
                               "--files", "test_absent.py", "--patched-venv", str(ROOT / ".venv"))
         self.assertFailsWith(proc, 1, "test_absent.py")
+
+
+class NativeOwnershipTest(ProjectCopyTestCase):
+    """Native-File: every csrc/ source goes with one patch, whose PR carries it."""
+
+    def native_patch(self, number):
+        return sorted((self.project / "patches").glob(f"{number}-*.patch"))[0]
+
+    def test_unowned_source_is_refused(self):
+        (self.project / "csrc/extra_guard.cpp").write_text("// no patch owns this\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "native sources no patch owns", "csrc/extra_guard.cpp")
+
+    def test_missing_source_is_refused(self):
+        (self.project / "csrc/tensor_container_guard.h").unlink()
+        self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_container_guard.h")
+
+    def test_source_claimed_twice_or_outside_csrc(self):
+        later = self.native_patch("0012")
+        original = later.read_text()
+        later.write_text(original.replace("Upstream-Status:", "Native-File: csrc/guard_accel.cpp\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, "csrc/guard_accel.cpp is claimed by 0008-", later.name)
+        later.write_text(original.replace("Upstream-Status:", "Native-File: setup.py\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, "Native-File setup.py is not a C/C++ source under csrc/")
+
+
+class TestsTravelTest(ProjectCopyTestCase):
+    """Tests: selectors and patches/pr-extra/: each PR carries the cases and upstream test edits it causes."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test/dynamo", self.project / "test/dynamo",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.rmtree(self.project / "patches/2.14.1")  # overrides repeat the trailers edited here
+
+    def edit_trailer(self, number, old, new):
+        path = sorted((self.project / "patches").glob(f"{number}-*.patch"))[0]
+        text = path.read_text()
+        self.assertIn(old, text)
+        path.write_text(text.replace(old, new, 1))
+
+    def test_shared_file_is_split_by_selectors(self):
+        from dplib.testsel import SharedFile
+        text = ("import x\n\n\nclass A:\n    def test_a(self):\n        pass\n\n    @deco\n    def test_b(self):\n"
+                "        pass\n\n\nclass B:\n    def test_c(self):\n        pass\n\n\ninstantiate(B)\n")
+        shared = SharedFile("t.py", text, [0, 1, 2], {"A::test_b": 1, "B": 2})
+        self.assertEqual(shared.text_at(0), "import x\n\n\nclass A:\n    def test_a(self):\n        pass\n")
+        self.assertNotIn("class B", shared.text_at(1))
+        self.assertIn("    @deco\n    def test_b(self):\n", shared.text_at(1))
+        self.assertEqual(shared.text_at(2), text)
+
+    def test_selectors_are_checked(self):
+        self.edit_trailer("0011", "::ModuleScalarTests::test_float_*", "::ModuleScalarTests::test_nothing_*")
+        self.assertFailsWith(self.dynapatch("check"), 1, "test_module_scalars.py::ModuleScalarTests::test_nothing_* "
+                             "matches no test")
+
+    def test_selector_on_the_patch_that_introduces_the_file(self):
+        self.edit_trailer("0001", "Tests: test/dynamo/test_optimizer_variable.py",
+                          "Tests: test/dynamo/test_optimizer_variable.py::X")
+        self.assertFailsWith(self.dynapatch("check"), 1, "selects cases of a file it introduces")
+
+    def test_case_selected_by_two_patches(self):
+        self.edit_trailer("0004", "Tests: test/dynamo/test_optimizers_all.py",
+                          "Tests: test/dynamo/test_optimizers_all.py\n"
+                          "Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_decay_*")
+        self.assertFailsWith(self.dynapatch("check"), 1, "test_float_decay_compiles_once is selected by 0004-")
+
+    def test_pr_extra_must_belong_to_a_patch_and_stay_outside_the_wheel(self):
+        extra = self.project / "patches/pr-extra"
+        (extra / "no-such-patch.diff").write_text((extra / "module-int-symints.diff").read_text())
+        self.assertFailsWith(self.dynapatch("check"), 1, "no-such-patch.diff is not <Patch-Name>.diff")
+        (extra / "no-such-patch.diff").unlink()
+        (extra / "explain-guards.diff").write_text("diff --git a/torch/_dynamo/guards.py b/torch/_dynamo/guards.py\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "changes torch/_dynamo/guards.py, a file of the torch package")
+
+    def test_each_pr_carries_its_own_cases_native_code_and_upstream_test_edits(self):
+        out = self.tmp / "prs"
+        proc = self.dynapatch("export-prs", str(out))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
+        # 0002 adds test_module_scalars.py without 0011's float cases; 0011 adds them to it.
+        self.assertIn("+    def test_counter_compiles_once(self):", mbox["0002"])
+        self.assertNotIn("def test_float_decay_compiles_once(self)", mbox["0002"])
+        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox["0011"])
+        self.assertIn("python -m pytest test/dynamo/test_module_scalars.py::ModuleScalarTests::"
+                      "test_float_decay_compiles_once", mbox["0011"])
+        # 0002's expected-count edits of upstream's test_modules.py travel in its PR.
+        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox["0002"])
+        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox["0002"])
+        # 0008 carries the native sources at pytorch paths, the build list entry and the port notes.
+        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0008"])
+        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0008"])
+        self.assertIn("LeafGuard subclass", mbox["0008"])
+        self.assertIn("GuardDebugInfo", mbox["0008"])
+        for number, text in mbox.items():
+            self.assertNotIn("Patch-Name:", text.split("\n---\n", 1)[0], number)
+            self.assertNotIn("csrc/dynamo/", text if number != "0008" else "", number)
+
+
+class StackTestTest(ProjectCopyTestCase):
+    """stack-test on the first prefix (no native code, one test file): passes, and names a failing patch."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def test_prefix_passes_then_fails_when_its_own_test_fails(self):
+        proc = self.dynapatch("stack-test", "--patch", "optimizer-init-group-match")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertRegex(proc.stdout, r"\| 1/\d+ \| optimizer-init-group-match \| "
+                                      r"test/dynamo/test_optimizer_variable.py \| [1-9]\d*/0/\d+ \| no \|")
+        test = self.project / "test/dynamo/test_optimizer_variable.py"
+        test.write_text(test.read_text() + "\n\ndef test_fails_on_purpose():\n    assert False\n")
+        proc = self.dynapatch("stack-test", "--patch", "0001")
+        self.assertFailsWith(proc, 1, "1 of 1 prefixes fail their own tests; the first is 1/",
+                             "(optimizer-init-group-match)")
+        self.assertIn("test_fails_on_purpose", proc.stdout)
+
+    def test_unknown_patch(self):
+        self.assertFailsWith(self.dynapatch("stack-test", "--patch", "nope"), 1, "--patch nope")
