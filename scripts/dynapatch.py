@@ -13,6 +13,7 @@ Subcommands:
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
   rebase-check    per patch and hunk, does the series apply to another release (--to)
   stack-test      each prefix of the series passes the tests its last patch ships
+  lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
 
 Exit codes: 0 success; 1 invalid series, bad input, failed step or (upstream-tests) a
 regression; 2 a patch does not apply; otherwise pytest's own code (test).
@@ -37,6 +38,7 @@ from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha
 from dplib.ext import build_extension  # noqa: E402
 from dplib import export as export_mod  # noqa: E402
 from dplib import rebase as rebase_mod  # noqa: E402
+from dplib import lint as lint_mod  # noqa: E402
 from dplib import stacktest as stacktest_mod  # noqa: E402
 from dplib import testsel as testsel_mod  # noqa: E402
 from dplib import upstream_tests as upstream_mod  # noqa: E402
@@ -320,6 +322,12 @@ def cmd_stack_test(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lint(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if ruff finds nothing (and, with --strict-native, csrc/ is clang-formatted); 1 otherwise."""
+    lint_mod.lint(project, args.strict_native)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dynapatch.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -369,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last", action="store_true", help="only the whole series (what CI runs)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per prefix (default 3600)")
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
+    p.set_defaults(func=cmd_lint)
+    p.add_argument("--strict-native", action="store_true", help="fail when csrc/ differs from .clang-format")
     args = parser.parse_args(argv)
     project = Project.at(args.project, args.cache_dir)
     try:

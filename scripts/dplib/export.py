@@ -185,7 +185,7 @@ def export_prs(project: Project, patches: list[Patch], base_tree: Path, outdir: 
         outdir.mkdir(parents=True, exist_ok=True)
         # --zero-commit: the scratch commits' ids mean nothing upstream and would vary.
         names = git(["format-patch", "--zero-commit", "--no-signature", "--numbered", "--full-index",
-                     "--stat=72", "-o", str(outdir.resolve()), "HEAD~%d" % len(patches)], repo).split()
+                     "--stat=72", "-o", str(outdir.resolve()), f"HEAD~{len(patches)}"], repo).split()
     written = [Path(n) for n in names]
     for patch, path in zip(patches, written):
         extra = pr_extra(project, patch)

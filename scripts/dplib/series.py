@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import DynapatchError, Project, log
-import subprocess
 
 SERIES_INVALID = 1
 DOES_NOT_APPLY = 2
@@ -74,7 +74,7 @@ def parse_patch(name: str, path: Path) -> Patch:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise DynapatchError(f"patch {name} is unreadable: {e}", SERIES_INVALID)
+        raise DynapatchError(f"patch {name} is unreadable: {e}", SERIES_INVALID) from e
     patch = Patch(name, path)
     head, sep, rest = text.partition("\n\n")
     if not sep:
@@ -225,7 +225,8 @@ def check_overlay(project: Project, patches: list[Patch], pristine: Path | None)
     unclaimed = [rel for rel in present if rel not in owner]
     if unclaimed:
         raise DynapatchError(
-            f"overlay files no patch claims (add an Overlay-File: trailer to the patch that adds them): {', '.join(unclaimed)}",
+            f"overlay files no patch claims (add an Overlay-File: trailer to the patch that adds them): "
+            f"{', '.join(unclaimed)}",
             SERIES_INVALID)
 
 
@@ -362,7 +363,8 @@ def apply_to_target(project: Project, patches: list[Patch], target_root: Path) -
             for rel in patch.overlay_files:
                 existing = target_root / rel
                 if existing.exists() and existing.read_bytes() != (project.overlay / rel).read_bytes():
-                    raise DynapatchError(f"{existing} exists and differs from torch_overlay/{rel}; refusing to overwrite")
+                    raise DynapatchError(
+                        f"{existing} exists and differs from torch_overlay/{rel}; refusing to overwrite")
         overlay = copy_overlay(project, patches, staged)
         changed = sorted({f for p in patches for f in p.files} | set(overlay))
         for rel in changed:

@@ -102,7 +102,7 @@ class SharedFile:
         except SyntaxError as e:
             raise DynapatchError(f"{self.path} as of its patch {index + 1} does not parse after removing "
                                  f"later patches' cases ({e}); give the class a case of its own or move the "
-                                 f"cases into their own class", SERIES_INVALID)
+                                 f"cases into their own class", SERIES_INVALID) from e
         return text
 
     def first(self) -> int:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from test_dynapatch_cli import CACHE, ROOT, WHEEL_TAGS, ProjectCopyTestCase  # also puts scripts/ on sys.path
 
-from dplib.base import load_base  # noqa: E402
-from dplib.common import Project  # noqa: E402
+from dplib.base import load_base
+from dplib.common import Project
 
 
 def pristine_tree() -> Path:
