@@ -108,6 +108,13 @@ class PatchNameTest(ProjectCopyTestCase):
         self.assertEqual(len(names), len(list((ROOT / "patches").glob("*.patch"))))
         self.assertEqual(len(set(names)), len(names))
 
+    def test_refresh_names_a_new_commit_from_its_subject(self):
+        from dplib.devtree import _patch_name
+        self.assertEqual(_patch_name("[dynamo] guard the thing, once", set()), "guard-the-thing-once")
+        self.assertEqual(_patch_name("[dynamo] guard the thing, once", {"guard-the-thing-once"}),
+                         "guard-the-thing-once-2")
+        self.assertLessEqual(len(_patch_name("[dynamo] " + "word " * 30, set())), 48)
+
     def test_missing_name(self):
         self.set_trailer(self.patch, None)
         self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "needs one 'Patch-Name: <name>' trailer")
