@@ -78,7 +78,8 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     check_override_names(project, patches)  # before check_overrides: say which file to rename
     overrides = check_overrides(project, patches)
     upstream_mod.load_expected_changes(project)  # every entry names a patch of the series by Patch-Name
-    testsel_mod.shared_files(project, patches)  # Tests: files exist, selectors select
+    if (project.root / "test").is_dir():  # a copy of the series alone has no tests to check
+        testsel_mod.shared_files(project, patches)  # Tests: files exist, selectors select
     testsel_mod.check_pr_extra(project, patches, pristine)
     patched_sources(project, patches, pristine, project.build / "check")
     shutil.rmtree(project.build / "check", ignore_errors=True)

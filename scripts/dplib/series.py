@@ -260,8 +260,8 @@ def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
     patches = [parse_patch(name, project.patches / name) for name in names]
     for patch in patches:
         check_header(patch)
+    check_duplicate_content(patches)  # first: a patch listed twice under two names has one Patch-Name
     check_patch_names(patches)
-    check_duplicate_content(patches)
     check_overlay(project, patches, pristine)
     check_native(project, patches)
     return patches
