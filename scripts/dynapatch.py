@@ -12,6 +12,8 @@ Subcommands:
   export-prs      one git-am-able mbox per patch, each a PR description (OUTDIR)
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
   rebase-check    per patch and hunk, does the series apply to another release (--to)
+  stack-test      each prefix of the series passes the tests its last patch ships
+  lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
 
 Exit codes: 0 success; 1 invalid series, bad input, failed step or (upstream-tests) a
 regression; 2 a patch does not apply; otherwise pytest's own code (test).
@@ -36,10 +38,14 @@ from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha
 from dplib.ext import build_extension  # noqa: E402
 from dplib import export as export_mod  # noqa: E402
 from dplib import rebase as rebase_mod  # noqa: E402
+from dplib import lint as lint_mod  # noqa: E402
+from dplib import stacktest as stacktest_mod  # noqa: E402
+from dplib import testsel as testsel_mod  # noqa: E402
 from dplib import upstream_tests as upstream_mod  # noqa: E402
 from dplib.targets import (check_overrides, fetch_release_wheel, override_versions, release_sources,  # noqa: E402
                            supported_versions, with_overrides)  # noqa: E402
-from dplib.series import apply_to_target, load_series, patched_sources, series_digest  # noqa: E402
+from dplib.series import (apply_to_target, check_override_names, load_series, patched_sources,  # noqa: E402
+                          series_digest)
 from dplib.wheel import patched_wheel_name, repack, stamp_version_py  # noqa: E402
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
@@ -69,8 +75,12 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     wheel = fetch_base_wheel(project, spec, args.base_wheel)
     pristine = pristine_sources(project, spec, wheel)
     patches = load_series(project, pristine)
+    check_override_names(project, patches)  # before check_overrides: say which file to rename
     overrides = check_overrides(project, patches)
-    upstream_mod.load_expected_changes(project)  # every entry names a patch of the series
+    upstream_mod.load_expected_changes(project)  # every entry names a patch of the series by Patch-Name
+    if (project.root / "test").is_dir():  # a copy of the series alone has no tests to check
+        testsel_mod.shared_files(project, patches)  # Tests: files exist, selectors select
+    testsel_mod.check_pr_extra(project, patches, pristine)
     patched_sources(project, patches, pristine, project.build / "check")
     shutil.rmtree(project.build / "check", ignore_errors=True)
     log(f"check ok: {len(patches)} patches apply with zero fuzz and no offsets to torch {spec.version}"
@@ -281,6 +291,44 @@ def cmd_rebase_check(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
+def select_prefixes(patches: list, wanted: list[str] | None) -> list[int]:
+    """Indices of the prefixes to test: all, or the ones ending in the named patches."""
+    if not wanted:
+        return list(range(len(patches)))
+    indices = []
+    for name in wanted:
+        matches = [i for i, p in enumerate(patches)
+                   if name in (p.patch_name, p.name, p.name.split("-", 1)[0])]
+        if not matches:
+            raise DynapatchError(f"--patch {name}: no patch of the series has that Patch-Name, file name or number")
+        indices += matches
+    return sorted(set(indices))
+
+
+def cmd_stack_test(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if every tested prefix passes the tests its last patch ships; 1 otherwise."""
+    spec = load_base(project)
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    pristine = pristine_sources(project, spec, wheel)
+    patches = load_series(project, pristine)
+    indices = [len(patches) - 1] if args.last else select_prefixes(patches, args.patch)
+    results = stacktest_mod.stack_test(project, spec, wheel, pristine, patches, indices, args.timeout)
+    print("\n" + stacktest_mod.format_table(results, len(patches)) + "\n", flush=True)
+    failing = [r for r in results if not r.ok]
+    if failing:
+        first = failing[0]
+        raise DynapatchError(f"{len(failing)} of {len(results)} prefixes fail their own tests; the first is "
+                             f"{first.index + 1}/{len(patches)} {first.patch.name} ({first.patch.patch_name})")
+    log(f"stack-test ok: {len(results)} prefixes pass the tests their last patch ships")
+    return 0
+
+
+def cmd_lint(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 if ruff finds nothing (and, with --strict-native, csrc/ is clang-formatted); 1 otherwise."""
+    lint_mod.lint(project, args.strict_native)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dynapatch.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,6 +371,16 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_rebase_check)
     p.add_argument("--to", required=True, metavar="VERSION", help="torch release, e.g. 2.14.1")
     p.add_argument("--wheel", type=Path, help="use this wheel of that release instead of pip download")
+    p = sub.add_parser("stack-test", help="each prefix of the series passes the tests its last patch ships")
+    p.set_defaults(func=cmd_stack_test)
+    p.add_argument("--patch", action="append", metavar="NAME",
+                   help="only the prefix ending in this patch (Patch-Name, file name or number; repeatable)")
+    p.add_argument("--last", action="store_true", help="only the whole series (what CI runs)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per prefix (default 3600)")
+    p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
+    p.set_defaults(func=cmd_lint)
+    p.add_argument("--strict-native", action="store_true", help="fail when csrc/ differs from .clang-format")
     args = parser.parse_args(argv)
     project = Project.at(args.project, args.cache_dir)
     try:

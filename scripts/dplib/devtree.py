@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .base import BaseSpec
 from .common import DynapatchError, Project, git, log
-from .series import Patch, load_series, read_series_names
+from .series import PATCH_NAME_MAX, TRAILER_RE, Patch, load_series, read_series_names
 
 BASE_TAG = "dynapatch-base"
 ZERO_FROM = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001"
@@ -59,9 +59,24 @@ def _slug(subject: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "-", subject).strip("-.")[:52].rstrip("-.")
 
 
-def _message_with_overlay(body: str, added: list[str]) -> str:
+def _patch_name(subject: str, taken: set[str]) -> str:
+    """A Patch-Name for a new commit that has none: its subject, lower-case, words joined by '-'."""
+    words = re.sub(r"^\[[^\]]*\]\s*", "", subject).lower()
+    words = re.sub(r"[^a-z0-9]+", "-", words).strip("-").lstrip("0123456789-") or "patch"
+    name = words[:PATCH_NAME_MAX].rsplit("-", 1)[0] if len(words) > PATCH_NAME_MAX else words
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name[:PATCH_NAME_MAX - 3]}-{n}", n + 1
+    return candidate
+
+
+def _message_with_overlay(body: str, added: list[str], patch_name: str | None = None) -> str:
     paragraphs = body.strip().split("\n\n")
+    if patch_name and not all(TRAILER_RE.match(line) for line in paragraphs[-1].splitlines()):
+        paragraphs.append("")  # no trailer block yet: start one
     trailers = [line for line in paragraphs[-1].splitlines() if not line.startswith("Overlay-File:")]
+    if patch_name:
+        trailers.insert(0, f"Patch-Name: {patch_name}")
     trailers += [f"Overlay-File: {rel}" for rel in added]
     paragraphs[-1] = "\n".join(trailers)
     return "\n\n".join(p for p in paragraphs if p)
@@ -76,6 +91,8 @@ def refresh(project: Project, dest: Path) -> list[str]:
     commits = git(["rev-list", "--reverse", f"{BASE_TAG}..HEAD"], dest).split()
     exported: list[tuple[str, str]] = []
     overlay: dict[str, bytes] = {}
+    bodies = [git(["log", "-1", "--format=%b", c], dest) for c in commits]
+    taken = {m.group(1) for b in bodies for m in re.finditer(r"^Patch-Name: (\S+)$", b, re.M)}
     for index, commit in enumerate(commits, 1):
         author, date, subject = git(["log", "-1", "--format=%an <%ae>%n%aD%n%s", commit], dest).splitlines()
         body = git(["log", "-1", "--format=%b", commit], dest)
@@ -93,8 +110,13 @@ def refresh(project: Project, dest: Path) -> list[str]:
             overlay[path] = _git_show_bytes(dest, commit, path)
         diff = git(["diff", "--full-index", "--stat=72", "--summary", "-p", "--no-color", "--no-ext-diff",
                     "--no-textconv", f"{commit}^", commit, "--", *modified], dest) if modified else ""
+        new_name = None
+        if not re.search(r"^Patch-Name: ", body, re.M):
+            new_name = _patch_name(subject, taken)
+            taken.add(new_name)
+            log(f"commit {commit[:12]} ({subject}) has no Patch-Name: trailer; named it {new_name}")
         text = (f"{ZERO_FROM}\nFrom: {author}\nDate: {date}\nSubject: [PATCH] {subject}\n\n"
-                f"{_message_with_overlay(body, added)}\n---\n{diff}")
+                f"{_message_with_overlay(body, added, new_name)}\n---\n{diff}")
         exported.append((f"{index:04d}-{_slug(subject)}.patch", text))
 
     for name in read_series_names(project):

@@ -1,10 +1,13 @@
 """export-prs: the series as a stack of upstream pull requests, one mbox per patch.
 
 Each patch becomes one commit in a scratch repository holding the base release's
-files: its diff, its overlay files at their real paths in the torch tree, and the
-test files its `Tests:` trailer names (the first patch naming a test file adds it).
-The commit message is the PR description. `git format-patch` then writes the mboxes,
-which `git am` applies in order onto a pytorch checkout at the matching tag.
+files: its diff, its overlay files at their real paths in the torch tree, its native
+sources (`Native-File:`) under torch/csrc/dynamo/, and its test cases (`Tests:`; in a
+file several patches share, each PR adds its own cases, see testsel.py). The commit
+message is the PR description. `git format-patch` then writes the mboxes, and each
+patch's changes to pytorch files the wheel lacks (patches/pr-extra/<Patch-Name>.diff,
+the build list for its native sources) are added to its mbox; `git am` applies them in
+order onto a pytorch checkout at the matching tag.
 """
 
 from __future__ import annotations
@@ -17,14 +20,49 @@ from pathlib import Path
 from .common import DynapatchError, Project, git, log
 from .devtree import FIXED_ENV
 from .series import Patch, apply_patch
+from .testsel import node_ids, pr_extra, shared_files, test_files
 
 # Trailers that only mean something to dynapatch; the rest (Signed-off-by, ...) are kept.
-INTERNAL_TRAILERS = ("Upstream-Status", "Bug", "Tests", "Overlay-File")
+INTERNAL_TRAILERS = ("Patch-Name", "Upstream-Status", "Bug", "Tests", "Overlay-File", "Native-File")
 TAG_RE = re.compile(r"^v(\d+\.\d+\.\d+)$")
+# Where Dynamo's C++ lives in pytorch's tree, and the list libtorch_python is built from.
+NATIVE_PR_DIR = "torch/csrc/dynamo"
+BUILD_LIST = "build_variables.bzl"
+BUILD_LIST_ANCHOR = '    "torch/csrc/dynamo/guards.cpp",'
+BUILD_LIST_NEXT = '    "torch/csrc/dynamo/utils.cpp",'
+PORT_NOTES = """\
+Native code: {files} ({sources} added to libtorch_python_core_sources in {build_list}).
+Out of tree these are the extension module torch._dynamo._guard_accel, which binds its
+guards as Python callables through GuardManager's add_lambda_guard. An in-tree port
+changes, mechanically:
+- each guard class becomes a LeafGuard subclass in torch/csrc/dynamo/guards.cpp, bound
+  next to GuardManager with an add_*_guard method, so the guard tree calls it without
+  going through Python;
+- strong references held by the classes become py::object members (RAII) instead of
+  raw PyObject* with manual reference counts;
+- a failing check returns GuardDebugInfo(false, reasons, ...) with its reason strings
+  instead of recording the reason for the Python side;
+- the module's bindings move from PYBIND11_MODULE into initDynamoBindings
+  (torch._C._dynamo), and guard_accel.py imports them from there."""
 
 
-def test_files(patch: Patch) -> list[str]:
-    return [f.strip() for v in patch.trailer_values("Tests") for f in v.split(",") if f.strip()]
+def native_pr_path(rel: str) -> str:
+    """csrc/x.cpp -> torch/csrc/dynamo/x.cpp: where a native source goes in pytorch's tree."""
+    return f"{NATIVE_PR_DIR}/{Path(rel).name}"
+
+
+def build_list_diff(native: list[str]) -> str:
+    """The build wiring a reviewer expects: the patch's .cpp files in libtorch_python's source list.
+
+    The wheel has no build_variables.bzl, so the hunk is located by its context (the entry of
+    guards.cpp and the one after it); git am applies it at whatever line that is.
+    """
+    added = [f'+    "{native_pr_path(rel)}",' for rel in native if rel.endswith((".c", ".cc", ".cpp", ".cxx"))]
+    if not added:
+        return ""
+    return (f"diff --git a/{BUILD_LIST} b/{BUILD_LIST}\n--- a/{BUILD_LIST}\n+++ b/{BUILD_LIST}\n"
+            f"@@ -1,2 +1,{2 + len(added)} @@ libtorch_python_core_sources = [\n"
+            f" {BUILD_LIST_ANCHOR}\n" + "\n".join(added) + f"\n {BUILD_LIST_NEXT}\n")
 
 
 def _module_name(rel: str) -> str:
@@ -37,6 +75,7 @@ def _added_text(project: Project, patch: Patch) -> str:
     texts = ["\n".join(added)]
     texts += [(project.overlay / rel).read_text() for rel in patch.overlay_files]
     texts += [(project.root / rel).read_text() for rel in test_files(patch) if (project.root / rel).is_file()]
+    texts += [(project.root / rel).read_text() for rel in patch.native_files]
     return "\n".join(texts)
 
 
@@ -66,16 +105,29 @@ def dependencies(project: Project, patches: list[Patch]) -> list[list[tuple[int,
 
 
 def pr_message(project: Project, patches: list[Patch], index: int, needs: list[tuple[int, str]],
-               base_ref: str) -> str:
-    """The commit message: title, summary, issues, test plan, stack and dependencies."""
+               base_ref: str, tests: dict | None = None) -> str:
+    """The commit message: title, summary, issues, native code, test plan, stack and dependencies."""
     patch, total = patches[index], len(patches)
+    tests = tests if tests is not None else shared_files(project, patches)
     parts = [patch.subject, patch.description]
     bugs = patch.trailer_values("Bug")
     if bugs:
         parts.append("Related issues:\n" + "\n".join(f"- {url}" for url in bugs))
-    tests = test_files(patch)
-    if tests:
-        parts.append("Test plan:\n" + "\n".join(f"    python {rel}" for rel in tests))
+    if patch.native_files:
+        sources = [native_pr_path(rel) for rel in patch.native_files if not rel.endswith((".h", ".hpp"))]
+        parts.append(PORT_NOTES.format(files=", ".join(native_pr_path(rel) for rel in patch.native_files),
+                                       sources=", ".join(Path(s).name for s in sources), build_list=BUILD_LIST))
+    extra = pr_extra(project, patch)
+    if extra is not None:
+        from .testsel import pr_extra_files
+        parts.append("Upstream tests whose expected results this patch changes (updated here): "
+                     + ", ".join(pr_extra_files(extra)) + ".")
+    plan = []
+    for rel in test_files(patch):
+        ids = node_ids(tests[rel], index)
+        plan += [f"    python {rel}"] if ids == [rel] else [f"    python -m pytest {i}" for i in ids]
+    if plan:
+        parts.append("Test plan:\n" + "\n".join(plan))
     else:
         parts.append("Test plan:\n    none named (the patch has no Tests: trailer)")
     stack = [f"* {'-> ' if i == index else ''}{i + 1}/{total} {p.subject}{' (this PR)' if i == index else ''}"
@@ -98,11 +150,7 @@ def export_prs(project: Project, patches: list[Patch], base_tree: Path, outdir: 
     """Write one mbox per patch into `outdir` (which must be empty or absent); return them in order."""
     if outdir.exists() and any(outdir.iterdir()):
         raise DynapatchError(f"{outdir} is not empty: export-prs writes a fresh stack, give it a new directory")
-    claimed: set[str] = set()
-    for patch in patches:
-        for rel in test_files(patch):
-            if not (project.root / rel).is_file():
-                raise DynapatchError(f"patch {patch.name} names test file {rel} (Tests:), which does not exist")
+    tests = shared_files(project, patches)
     needs = dependencies(project, patches)
     with tempfile.TemporaryDirectory(prefix="dynapatch-export-") as tmp:
         repo = Path(tmp) / "repo"
@@ -121,13 +169,14 @@ def export_prs(project: Project, patches: list[Patch], base_tree: Path, outdir: 
             for rel in patch.overlay_files:
                 (repo / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(project.overlay / rel, repo / rel)
+            for rel in patch.native_files:
+                (repo / native_pr_path(rel)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(project.root / rel, repo / native_pr_path(rel))
             for rel in test_files(patch):
-                if rel not in claimed:
-                    claimed.add(rel)
-                    (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(project.root / rel, repo / rel)
+                (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+                (repo / rel).write_text(tests[rel].text_at(index))
             message = Path(tmp) / "message"
-            message.write_text(pr_message(project, patches, index, needs[index], base_ref))
+            message.write_text(pr_message(project, patches, index, needs[index], base_ref, tests))
             name, _, email = patch.author.rpartition(" <")
             env = {**FIXED_ENV, "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email.rstrip(">"),
                    "GIT_AUTHOR_DATE": patch.date}
@@ -136,8 +185,15 @@ def export_prs(project: Project, patches: list[Patch], base_tree: Path, outdir: 
         outdir.mkdir(parents=True, exist_ok=True)
         # --zero-commit: the scratch commits' ids mean nothing upstream and would vary.
         names = git(["format-patch", "--zero-commit", "--no-signature", "--numbered", "--full-index",
-                     "--stat=72", "-o", str(outdir.resolve()), "HEAD~%d" % len(patches)], repo).split()
+                     "--stat=72", "-o", str(outdir.resolve()), f"HEAD~{len(patches)}"], repo).split()
     written = [Path(n) for n in names]
+    for patch, path in zip(patches, written):
+        extra = pr_extra(project, patch)
+        appended = (extra.read_text() if extra is not None else "") + build_list_diff(patch.native_files)
+        if appended:
+            # Files the scratch repository lacks (not in the wheel): the diff goes after the commit's own.
+            with open(path, "a") as f:
+                f.write(appended)
     for path in written:
         log(f"wrote {path.name}")
     log(f"exported {len(written)} PRs to {outdir} (apply with: git am {outdir}/*.patch, on a checkout at {base_ref})")

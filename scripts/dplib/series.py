@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import DynapatchError, Project, log
-import subprocess
 
 SERIES_INVALID = 1
 DOES_NOT_APPLY = 2
@@ -24,6 +24,14 @@ TRAILER_RE = re.compile(r"^([A-Z][A-Za-z-]+): (.*)$")
 DIFF_FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 OVERRIDE_DIR_RE = re.compile(r"^\d+\.\d+\.\d+$")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.M)
+# A patch's stable identity (like gbp's `Gbp-Pq: Name`): kept when the patch is renumbered or
+# its subject changes, so overrides and upstream-expected-changes cannot silently retarget.
+PATCH_NAME_RE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")  # not a number: numbers change
+PATCH_NAME_MAX = 48
+# The C++ extension's sources: each is owned by one patch (its `Native-File:` trailer), whose PR
+# carries it; the out-of-tree build files (setup.py, CMakeLists.txt) only build the wheel.
+NATIVE_DIR = "csrc"
+NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hpp")
 
 
 @dataclass
@@ -41,8 +49,19 @@ class Patch:
         return [v for k, v in self.trailers if k == key]
 
     @property
+    def patch_name(self) -> str:
+        """The `Patch-Name:` trailer ("" when missing; check_header refuses that)."""
+        values = self.trailer_values("Patch-Name")
+        return values[0] if values else ""
+
+    @property
     def overlay_files(self) -> list[str]:
         return [f.strip() for v in self.trailer_values("Overlay-File") for f in v.split(",") if f.strip()]
+
+    @property
+    def native_files(self) -> list[str]:
+        """csrc/ sources this patch owns (`Native-File:` trailers), relative to the project root."""
+        return [f.strip() for v in self.trailer_values("Native-File") for f in v.split(",") if f.strip()]
 
     @property
     def files(self) -> list[str]:
@@ -55,7 +74,7 @@ def parse_patch(name: str, path: Path) -> Patch:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise DynapatchError(f"patch {name} is unreadable: {e}", SERIES_INVALID)
+        raise DynapatchError(f"patch {name} is unreadable: {e}", SERIES_INVALID) from e
     patch = Patch(name, path)
     head, sep, rest = text.partition("\n\n")
     if not sep:
@@ -123,6 +142,12 @@ def check_header(patch: Patch) -> None:
         problems.append("no Subject:")
     if not patch.description:
         problems.append("no description of what it does and why")
+    names = patch.trailer_values("Patch-Name")
+    if len(names) != 1:
+        problems.append(f"needs one 'Patch-Name: <name>' trailer (has {len(names)})")
+    elif not PATCH_NAME_RE.match(names[0]) or len(names[0]) > PATCH_NAME_MAX:
+        problems.append(f"Patch-Name {names[0]!r} is not lower-case words joined by '-', starting with "
+                        f"a letter (at most {PATCH_NAME_MAX} characters)")
     statuses = patch.trailer_values("Upstream-Status")
     if len(statuses) != 1 or statuses[0].split(" ", 1)[0] not in UPSTREAM_STATUSES:
         problems.append(f"needs one 'Upstream-Status: <{'|'.join(UPSTREAM_STATUSES)}> [detail]' trailer")
@@ -130,6 +155,45 @@ def check_header(patch: Patch) -> None:
         problems.append("no diff")
     if problems:
         raise DynapatchError(f"patch {patch.name}: " + "; ".join(problems), SERIES_INVALID)
+
+
+def check_patch_names(patches: list[Patch]) -> None:
+    """No two patches share a Patch-Name."""
+    seen: dict[str, str] = {}
+    for patch in patches:
+        if patch.patch_name in seen:
+            raise DynapatchError(f"patches {seen[patch.patch_name]} and {patch.name} have the same "
+                                 f"Patch-Name {patch.patch_name}", SERIES_INVALID)
+        seen[patch.patch_name] = patch.name
+
+
+def by_patch_name(patches: list[Patch]) -> dict[str, Patch]:
+    return {p.patch_name: p for p in patches}
+
+
+def check_override_names(project: Project, patches: list[Patch]) -> None:
+    """Each patches/<version>/ override is the series patch with its file name and its Patch-Name.
+
+    A patch renumbered or renamed by refresh would otherwise orphan its override silently
+    (matched by file name, it replaces nothing or the wrong patch): name the file to move.
+    """
+    by_file = {p.name: p for p in patches}
+    named = by_patch_name(patches)
+    for directory in sorted(d for d in project.patches.iterdir() if d.is_dir() and OVERRIDE_DIR_RE.match(d.name)):
+        for path in sorted(directory.rglob("*.patch")):
+            rel = str(path.relative_to(directory))
+            override = parse_patch(f"{directory.name}/{rel}", path)
+            primary = named.get(override.patch_name)
+            where = f"override patches/{directory.name}/{rel}"
+            if primary is None:
+                raise DynapatchError(f"{where} has Patch-Name {override.patch_name or '(none)'!r}, which no "
+                                     f"patch of the series has", SERIES_INVALID)
+            if primary.name != rel:
+                now = by_file.get(rel)
+                raise DynapatchError(
+                    f"{where} is patch {override.patch_name}, now patches/{primary.name}"
+                    + (f" (patches/{rel} is {now.patch_name})" if now else "")
+                    + f": rename it to patches/{directory.name}/{primary.name}", SERIES_INVALID)
 
 
 def check_duplicate_content(patches: list[Patch]) -> None:
@@ -161,8 +225,32 @@ def check_overlay(project: Project, patches: list[Patch], pristine: Path | None)
     unclaimed = [rel for rel in present if rel not in owner]
     if unclaimed:
         raise DynapatchError(
-            f"overlay files no patch claims (add an Overlay-File: trailer to the patch that adds them): {', '.join(unclaimed)}",
+            f"overlay files no patch claims (add an Overlay-File: trailer to the patch that adds them): "
+            f"{', '.join(unclaimed)}",
             SERIES_INVALID)
+
+
+def check_native(project: Project, patches: list[Patch]) -> None:
+    """Each csrc/ source is owned by exactly one patch, and each owned file exists."""
+    owner: dict[str, str] = {}
+    for patch in patches:
+        for rel in patch.native_files:
+            if not rel.startswith(NATIVE_DIR + "/") or not rel.endswith(NATIVE_SUFFIXES):
+                raise DynapatchError(f"patch {patch.name}: Native-File {rel} is not a C/C++ source under "
+                                     f"{NATIVE_DIR}/", SERIES_INVALID)
+            if rel in owner:
+                raise DynapatchError(f"native file {rel} is claimed by {owner[rel]} and {patch.name}", SERIES_INVALID)
+            owner[rel] = patch.name
+            if not (project.root / rel).is_file():
+                raise DynapatchError(f"patch {patch.name} needs native file {rel}, which is missing", SERIES_INVALID)
+    native = project.root / NATIVE_DIR
+    present = sorted(str(p.relative_to(project.root)) for p in native.rglob("*")
+                     if p.is_file() and p.name.endswith(NATIVE_SUFFIXES)) if native.is_dir() else []
+    unowned = [rel for rel in present if rel not in owner]
+    if unowned:
+        raise DynapatchError(
+            f"native sources no patch owns (add a Native-File: trailer to the patch whose code uses them, "
+            f"so its PR carries them): {', '.join(unowned)}", SERIES_INVALID)
 
 
 def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
@@ -172,8 +260,10 @@ def load_series(project: Project, pristine: Path | None = None) -> list[Patch]:
     patches = [parse_patch(name, project.patches / name) for name in names]
     for patch in patches:
         check_header(patch)
-    check_duplicate_content(patches)
+    check_duplicate_content(patches)  # first: a patch listed twice under two names has one Patch-Name
+    check_patch_names(patches)
     check_overlay(project, patches, pristine)
+    check_native(project, patches)
     return patches
 
 
@@ -273,7 +363,8 @@ def apply_to_target(project: Project, patches: list[Patch], target_root: Path) -
             for rel in patch.overlay_files:
                 existing = target_root / rel
                 if existing.exists() and existing.read_bytes() != (project.overlay / rel).read_bytes():
-                    raise DynapatchError(f"{existing} exists and differs from torch_overlay/{rel}; refusing to overwrite")
+                    raise DynapatchError(
+                        f"{existing} exists and differs from torch_overlay/{rel}; refusing to overwrite")
         overlay = copy_overlay(project, patches, staged)
         changed = sorted({f for p in patches for f in p.files} | set(overlay))
         for rel in changed:

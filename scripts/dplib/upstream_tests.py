@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import DynapatchError, Project, log, python_exe, run
-from .series import read_series_names
+from .series import by_patch_name, load_series
 
 # Upstream files covering what the series touches: guards, recompiles, hooks,
 # modules, optimizers, unspecialized scalars, decorators; then the broad ones that
@@ -130,14 +130,15 @@ EXPECTED_CHANGES = "upstream-expected-changes"
 def load_expected_changes(project: Project) -> dict[str, str]:
     """Reviewed upstream test results the series changes on purpose: test id -> reason.
 
-    Lines of patches/upstream-expected-changes are `<test id> <patch name> <why>`
+    Lines of patches/upstream-expected-changes are `<test id> <Patch-Name> <why>`
     (`#` starts a comment); the test id is the one this report prints and the patch
-    must be in the series, so an entry cannot outlive the patch it explains.
+    must be in the series, named by its Patch-Name trailer so an entry neither outlives
+    the patch it explains nor moves to another patch when the series is renumbered.
     """
     path = project.patches / EXPECTED_CHANGES
     if not path.is_file():
         return {}
-    series = {p.split("-", 1)[0]: p for p in read_series_names(project)}
+    series = by_patch_name(load_series(project))
     expected = {}
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -145,11 +146,14 @@ def load_expected_changes(project: Project) -> dict[str, str]:
             continue
         parts = line.split(None, 2)
         if len(parts) < 3:
-            raise DynapatchError(f"{path}:{lineno}: expected `<test id> <patch number> <why>`")
-        test_id, patch, why = parts
-        if patch not in series:
-            raise DynapatchError(f"{path}:{lineno}: patch {patch} is not in patches/series")
-        expected[test_id] = f"{series[patch]}: {why}"
+            raise DynapatchError(f"{path}:{lineno}: expected `<test id> <Patch-Name> <why>`")
+        test_id, name, why = parts
+        if name not in series:
+            raise DynapatchError(f"{path}:{lineno}: no patch of patches/series has Patch-Name {name}"
+                                 + (" (entries name patches by Patch-Name, not by number)" if name.isdigit() else ""))
+        if test_id in expected:
+            raise DynapatchError(f"{path}:{lineno}: {test_id} is listed twice")
+        expected[test_id] = f"{series[name].name}: {why}"
     return expected
 
 

@@ -1,13 +1,13 @@
 # Owner(s): ["module: dynamo"]
 """Side-effect log messages are formatted only when something logs them."""
 
+import logging
 import unittest.mock
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
 from torch._dynamo.side_effects import SideEffects
-import logging
 
 
 class Holder:

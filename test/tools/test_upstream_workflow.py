@@ -7,8 +7,8 @@ from pathlib import Path
 
 from test_dynapatch_cli import CACHE, ROOT, WHEEL_TAGS, ProjectCopyTestCase  # also puts scripts/ on sys.path
 
-from dplib.base import load_base  # noqa: E402
-from dplib.common import Project  # noqa: E402
+from dplib.base import load_base
+from dplib.common import Project
 
 
 def pristine_tree() -> Path:
@@ -46,17 +46,27 @@ class ExportPrsTest(ProjectCopyTestCase):
         self.git("init", "-q", cwd=repo)
         self.git("add", "-A", cwd=repo)
         self.git("commit", "-q", "-m", "v2.13.0", cwd=repo)
-        am = self.git("am", *map(str, mboxes), cwd=repo)
+        # Files of pytorch's tree the wheel lacks (upstream tests, build lists) are not in this repo.
+        excludes = ["--exclude=build_variables.bzl"] + [
+            f"--exclude={line.split()[2][2:]}" for d in (self.project / "patches/pr-extra").glob("*.diff")
+            for line in d.read_text().splitlines() if line.startswith("diff --git ")]
+        am = self.git("am", *excludes, *map(str, mboxes), cwd=repo)
         self.assertEqual(am.returncode, 0, am.stdout + am.stderr)
         self.assertEqual(self.git("rev-list", "--count", "HEAD", cwd=repo).stdout.strip(), str(len(series) + 1))
 
         applied = self.tmp / "applied"
         shutil.copytree(pristine_tree() / "torch", applied / "torch")
         self.assertEqual(self.dynapatch("apply", "--target", str(applied)).returncode, 0)
-        self.assertEqual(tree_files(repo / "torch"), tree_files(applied / "torch"))
+        exported = tree_files(repo / "torch")
+        native = {rel for rel in exported if rel.startswith("csrc/dynamo/")}  # apply builds no C++
+        self.assertEqual({k: v for k, v in exported.items() if k not in native}, tree_files(applied / "torch"))
+        # After the last PR every test file and native source is there as in the project.
+        named = "".join(p.read_text() for p in (self.project / "patches").glob("*.patch"))
         for test in (self.project / "test/dynamo").glob("test_*.py"):
-            if f"Tests: test/dynamo/{test.name}" in "".join(p.read_text() for p in mboxes):
+            if f"Tests: test/dynamo/{test.name}" in named:
                 self.assertEqual((repo / "test/dynamo" / test.name).read_bytes(), test.read_bytes())
+        for source in (self.project / "csrc").iterdir():
+            self.assertEqual((repo / "torch/csrc/dynamo" / source.name).read_bytes(), source.read_bytes())
 
     def test_message_is_a_pr_description(self):
         out = self.tmp / "prs"
@@ -76,6 +86,74 @@ class ExportPrsTest(ProjectCopyTestCase):
         (self.tmp / "full").mkdir()
         (self.tmp / "full" / "old.patch").write_text("x")
         self.assertFailsWith(self.dynapatch("export-prs", str(self.tmp / "full")), 1, "not empty")
+
+
+class PatchNameTest(ProjectCopyTestCase):
+    """Patch-Name: every patch has one, unique, and overrides and expected changes follow it."""
+
+    def set_trailer(self, path, value):
+        text = path.read_text()
+        old = next(line for line in text.splitlines() if line.startswith("Patch-Name: "))
+        path.write_text(text.replace(old + "\n", f"Patch-Name: {value}\n" if value is not None else "", 1))
+
+    def renumber(self, old_path, new_name):
+        """What refresh does when a patch is inserted before this one: the file is renamed."""
+        series = self.project / "patches/series"
+        series.write_text(series.read_text().replace(old_path.name, new_name))
+        old_path.rename(old_path.with_name(new_name))
+
+    def test_every_shipped_patch_and_override_has_a_unique_name(self):
+        names = [line.split(": ", 1)[1] for p in sorted((ROOT / "patches").glob("*.patch"))
+                 for line in p.read_text().split("\n---\n", 1)[0].splitlines() if line.startswith("Patch-Name: ")]
+        self.assertEqual(len(names), len(list((ROOT / "patches").glob("*.patch"))))
+        self.assertEqual(len(set(names)), len(names))
+
+    def test_refresh_names_a_new_commit_from_its_subject(self):
+        from dplib.devtree import _patch_name
+        self.assertEqual(_patch_name("[dynamo] guard the thing, once", set()), "guard-the-thing-once")
+        self.assertEqual(_patch_name("[dynamo] guard the thing, once", {"guard-the-thing-once"}),
+                         "guard-the-thing-once-2")
+        self.assertLessEqual(len(_patch_name("[dynamo] " + "word " * 30, set())), 48)
+
+    def test_missing_name(self):
+        self.set_trailer(self.patch, None)
+        self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "needs one 'Patch-Name: <name>' trailer")
+
+    def test_two_names(self):
+        text = self.patch.read_text()
+        self.patch.write_text(text.replace("Upstream-Status:", "Patch-Name: second\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "(has 2)")
+
+    def test_bad_format(self):
+        for bad in ("Optimizer_Fix", "0001", "-x", "a" * 49):
+            with self.subTest(bad=bad):
+                self.set_trailer(self.patch, bad)
+                self.assertFailsWith(self.dynapatch("check"), 1, self.patch.name, "is not lower-case words")
+
+    def test_duplicate_name(self):
+        second = sorted((self.project / "patches").glob("0002-*.patch"))[0]
+        self.set_trailer(second, "optimizer-init-group-match")
+        self.assertFailsWith(self.dynapatch("check"), 1, second.name, "same Patch-Name optimizer-init-group-match")
+
+    def test_renumbered_patch_keeps_expected_changes_and_names_its_override(self):
+        second = sorted((self.project / "patches").glob("0002-*.patch"))[0]
+        self.renumber(second, "0099-moved.patch")  # expected changes name module-int-symints
+        self.assertEqual(self.dynapatch("check").returncode, 0)
+        override = sorted((self.project / "patches/2.14.1").glob("0001-*.patch"))[0]
+        self.renumber(self.patch, "0098-moved.patch")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.14.1/{override.name} is patch "
+                             "optimizer-init-group-match, now patches/0098-moved.patch",
+                             "rename it to patches/2.14.1/0098-moved.patch")
+        override.rename(override.with_name("0098-moved.patch"))
+        self.assertEqual(self.dynapatch("check").returncode, 0)
+
+    def test_override_with_another_patch_name(self):
+        override = sorted((self.project / "patches/2.14.1").glob("0001-*.patch"))[0]
+        self.set_trailer(override, "module-int-symints")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.14.1/{override.name} is patch "
+                             "module-int-symints, now patches/0002-")
+        self.set_trailer(override, "unknown-name")
+        self.assertFailsWith(self.dynapatch("check"), 1, "Patch-Name 'unknown-name', which no patch")
 
 
 class RebaseCheckTest(ProjectCopyTestCase):
@@ -150,7 +228,8 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "identical")
         override.unlink()
         (override.parent / "0099-nothing.patch").write_text(original)
-        self.assertFailsWith(self.dynapatch("check"), 1, "replaces no patch")
+        self.assertFailsWith(self.dynapatch("check"), 1, "0099-nothing.patch is patch optimizer-init-group-match",
+                             f"rename it to patches/2.99.0/{self.patch.name}")
 
     def test_shipped_overrides_are_for_releases_other_than_the_base(self):
         self.assertFalse((ROOT / "patches/2.13.0").exists())
@@ -213,7 +292,8 @@ class UpstreamTestsTest(ProjectCopyTestCase):
 
     def test_reviewed_expected_change_does_not_fail(self):
         expected = self.project / "patches/upstream-expected-changes"
-        expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  0001  checks the stock version\n")
+        expected.write_text("# reviewed\ndynamo.test_fixture_version::test_stock_version  optimizer-init-group-match  "
+                            "checks the stock version\n")
         proc = self.run_fixture_checkout()
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("regressions (passed on stock, fail patched): 0\n", proc.stdout)
@@ -221,11 +301,135 @@ class UpstreamTestsTest(ProjectCopyTestCase):
                       "  dynamo.test_fixture_version::test_stock_version  (0001-", proc.stdout)
 
     def test_expected_change_must_name_a_patch_of_the_series(self):
-        (self.project / "patches/upstream-expected-changes").write_text("dynamo.test_x::test_y  0099  gone\n")
-        self.assertFailsWith(self.dynapatch("check"), 1, "patch 0099 is not in patches/series")
+        expected = self.project / "patches/upstream-expected-changes"
+        expected.write_text("dynamo.test_x::test_y  no-such-patch  gone\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "upstream-expected-changes:1",
+                             "no patch of patches/series has Patch-Name no-such-patch")
+        # Numbers are not names: a renumbered series would retarget them silently.
+        expected.write_text("dynamo.test_x::test_y  0001  gone\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "Patch-Name 0001", "not by number")
 
     def test_missing_file_is_named(self):
         (self.tmp / "pytorch/test/dynamo").mkdir(parents=True)
         proc = self.dynapatch("upstream-tests", "--pytorch-src", str(self.tmp / "pytorch"),
                               "--files", "test_absent.py", "--patched-venv", str(ROOT / ".venv"))
         self.assertFailsWith(proc, 1, "test_absent.py")
+
+
+class NativeOwnershipTest(ProjectCopyTestCase):
+    """Native-File: every csrc/ source goes with one patch, whose PR carries it."""
+
+    def native_patch(self, number):
+        return sorted((self.project / "patches").glob(f"{number}-*.patch"))[0]
+
+    def test_unowned_source_is_refused(self):
+        (self.project / "csrc/extra_guard.cpp").write_text("// no patch owns this\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "native sources no patch owns", "csrc/extra_guard.cpp")
+
+    def test_missing_source_is_refused(self):
+        (self.project / "csrc/tensor_container_guard.h").unlink()
+        self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_container_guard.h")
+
+    def test_source_claimed_twice_or_outside_csrc(self):
+        later = self.native_patch("0012")
+        original = later.read_text()
+        later.write_text(original.replace("Upstream-Status:", "Native-File: csrc/guard_accel.cpp\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, "csrc/guard_accel.cpp is claimed by 0008-", later.name)
+        later.write_text(original.replace("Upstream-Status:", "Native-File: setup.py\nUpstream-Status:", 1))
+        self.assertFailsWith(self.dynapatch("check"), 1, "Native-File setup.py is not a C/C++ source under csrc/")
+
+
+class TestsTravelTest(ProjectCopyTestCase):
+    """Tests: selectors and patches/pr-extra/: each PR carries the cases and upstream test edits it causes."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test/dynamo", self.project / "test/dynamo",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.rmtree(self.project / "patches/2.14.1")  # overrides repeat the trailers edited here
+
+    def edit_trailer(self, number, old, new):
+        path = sorted((self.project / "patches").glob(f"{number}-*.patch"))[0]
+        text = path.read_text()
+        self.assertIn(old, text)
+        path.write_text(text.replace(old, new, 1))
+
+    def test_shared_file_is_split_by_selectors(self):
+        from dplib.testsel import SharedFile
+        text = ("import x\n\n\nclass A:\n    def test_a(self):\n        pass\n\n    @deco\n    def test_b(self):\n"
+                "        pass\n\n\nclass B:\n    def test_c(self):\n        pass\n\n\ninstantiate(B)\n")
+        shared = SharedFile("t.py", text, [0, 1, 2], {"A::test_b": 1, "B": 2})
+        self.assertEqual(shared.text_at(0), "import x\n\n\nclass A:\n    def test_a(self):\n        pass\n")
+        self.assertNotIn("class B", shared.text_at(1))
+        self.assertIn("    @deco\n    def test_b(self):\n", shared.text_at(1))
+        self.assertEqual(shared.text_at(2), text)
+
+    def test_selectors_are_checked(self):
+        self.edit_trailer("0011", "::ModuleScalarTests::test_float_*", "::ModuleScalarTests::test_nothing_*")
+        self.assertFailsWith(self.dynapatch("check"), 1, "test_module_scalars.py::ModuleScalarTests::test_nothing_* "
+                             "matches no test")
+
+    def test_selector_on_the_patch_that_introduces_the_file(self):
+        self.edit_trailer("0001", "Tests: test/dynamo/test_optimizer_variable.py",
+                          "Tests: test/dynamo/test_optimizer_variable.py::X")
+        self.assertFailsWith(self.dynapatch("check"), 1, "selects cases of a file it introduces")
+
+    def test_case_selected_by_two_patches(self):
+        self.edit_trailer("0004", "Tests: test/dynamo/test_optimizers_all.py",
+                          "Tests: test/dynamo/test_optimizers_all.py\n"
+                          "Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_decay_*")
+        self.assertFailsWith(self.dynapatch("check"), 1, "test_float_decay_compiles_once is selected by 0004-")
+
+    def test_pr_extra_must_belong_to_a_patch_and_stay_outside_the_wheel(self):
+        extra = self.project / "patches/pr-extra"
+        (extra / "no-such-patch.diff").write_text((extra / "module-int-symints.diff").read_text())
+        self.assertFailsWith(self.dynapatch("check"), 1, "no-such-patch.diff is not <Patch-Name>.diff")
+        (extra / "no-such-patch.diff").unlink()
+        (extra / "explain-guards.diff").write_text("diff --git a/torch/_dynamo/guards.py b/torch/_dynamo/guards.py\n")
+        self.assertFailsWith(self.dynapatch("check"), 1, "changes torch/_dynamo/guards.py, a file of the torch package")
+
+    def test_each_pr_carries_its_own_cases_native_code_and_upstream_test_edits(self):
+        out = self.tmp / "prs"
+        proc = self.dynapatch("export-prs", str(out))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
+        # 0002 adds test_module_scalars.py without 0011's float cases; 0011 adds them to it.
+        self.assertIn("+    def test_counter_compiles_once(self):", mbox["0002"])
+        self.assertNotIn("def test_float_decay_compiles_once(self)", mbox["0002"])
+        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox["0011"])
+        self.assertIn("python -m pytest test/dynamo/test_module_scalars.py::ModuleScalarTests::"
+                      "test_float_decay_compiles_once", mbox["0011"])
+        # 0002's expected-count edits of upstream's test_modules.py travel in its PR.
+        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox["0002"])
+        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox["0002"])
+        # 0008 carries the native sources at pytorch paths, the build list entry and the port notes.
+        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0008"])
+        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0008"])
+        self.assertIn("LeafGuard subclass", mbox["0008"])
+        self.assertIn("GuardDebugInfo", mbox["0008"])
+        for number, text in mbox.items():
+            self.assertNotIn("Patch-Name:", text.split("\n---\n", 1)[0], number)
+            self.assertNotIn("csrc/dynamo/", text if number != "0008" else "", number)
+
+
+class StackTestTest(ProjectCopyTestCase):
+    """stack-test on the first prefix (no native code, one test file): passes, and names a failing patch."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def test_prefix_passes_then_fails_when_its_own_test_fails(self):
+        proc = self.dynapatch("stack-test", "--patch", "optimizer-init-group-match")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertRegex(proc.stdout, r"\| 1/\d+ \| optimizer-init-group-match \| "
+                                      r"test/dynamo/test_optimizer_variable.py \| [1-9]\d*/0/\d+ \| no \|")
+        test = self.project / "test/dynamo/test_optimizer_variable.py"
+        test.write_text(test.read_text() + "\n\ndef test_fails_on_purpose():\n    assert False\n")
+        proc = self.dynapatch("stack-test", "--patch", "0001")
+        self.assertFailsWith(proc, 1, "1 of 1 prefixes fail their own tests; the first is 1/",
+                             "(optimizer-init-group-match)")
+        self.assertIn("test_fails_on_purpose", proc.stdout)
+
+    def test_unknown_patch(self):
+        self.assertFailsWith(self.dynapatch("stack-test", "--patch", "nope"), 1, "--patch nope")
