@@ -138,8 +138,9 @@ def release_sources(project: Project, wheel: Path, *, cached: bool = True) -> Pa
 
 
 # apply --target keeps what it changed next to the target, so unapply can restore it exactly:
-# <root>/torch/_dynamo/.dynapatch-apply/record.json and orig/<path> (each file as it was).
-RECORD_DIR = "torch/_dynamo/.dynapatch-apply"
+# <root>/.dynapatch-apply/record.json and orig/<path> (each file as it was), beside torch/ so the
+# torch tree itself holds only what the series puts there.
+RECORD_DIR = ".dynapatch-apply"
 
 
 def record_dir(root: Path) -> Path:

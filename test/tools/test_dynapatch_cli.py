@@ -367,7 +367,7 @@ class ApplyTest(ProjectCopyTestCase):
     def test_already_applied_without_record(self):
         target = self.make_target()
         self.assertEqual(self.dynapatch("apply", "--target", str(target)).returncode, 0)
-        shutil.rmtree(target / "torch/_dynamo/.dynapatch-apply")
+        shutil.rmtree(target / ".dynapatch-apply")
         patched = self.snapshot(target)
         proc = self.dynapatch("apply", "--target", str(target))
         self.assertEqual(proc.returncode, 0, proc.stderr)
