@@ -2,18 +2,25 @@
 """dynapatch: a Dynamo patch series against torch 2.13.0, turned into a custom wheel.
 
 Subcommands:
-  build    base wheel -> apply patches/series (zero fuzz) + torch_overlay/ -> build the
-           C++ extension -> stamp version -> reproducible wheel in dist/ -> .venv/
-  test     run test/ with pytest in .venv/ (building first if the wheel is stale)
+  build    base wheel (cpu or cuda variant) -> apply patches/series (zero fuzz) + torch_overlay/
+           -> build the C++ extension -> stamp version -> reproducible wheel in dist/ -> .venv/;
+           a no-op when nothing changed; a failed build leaves the last wheel in place
+  test     run pytest in .venv/ (default test/; other arguments go to pytest; --quick),
+           building first if the wheel is stale
+  info     what a custom wheel holds (series, sha256s, dynapatch commit)
   check    the series is valid and applies exactly to the pristine base
   devtree  a git tree of the pristine sources with one commit per patch, to edit
   refresh  export the devtree back into patches/ and torch_overlay/
   apply    apply the series and overlay onto an existing torch tree (--target DIR)
+  unapply  undo apply, byte for byte (--target DIR)
   export-prs      one git-am-able mbox per patch, each a PR description (OUTDIR)
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
   rebase-check    per patch and hunk, does the series apply to another release (--to)
   stack-test      each prefix of the series passes the tests its last patch ships
   lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
+
+Each step prints a line when it starts and its time when it ends; -v shows the commands
+and pip's, cmake's and the compiler's own output. Run `dynapatch.py COMMAND --help`.
 
 Exit codes: 0 success; 1 invalid series, bad input, failed step or (upstream-tests) a
 regression; 2 a patch does not apply; otherwise pytest's own code (test).
@@ -28,25 +35,32 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dplib import devtree as devtree_mod  # noqa: E402
-from dplib.base import fetch_base_wheel, installed_torch_version, load_base, pristine_sources  # noqa: E402
-from dplib.common import DynapatchError, Project, die, log, python_exe, run, sha256_file  # noqa: E402
-from dplib.ext import build_extension  # noqa: E402
+from dplib import common  # noqa: E402
+from dplib.base import (BaseSpec, base_variants, default_variant, fetch_base_wheel,  # noqa: E402
+                        installed_torch_version, load_base, pristine_sources, variant_of_wheel)
+from dplib.common import (DynapatchError, Project, die, git, log, pip_quiet, python_exe, run,  # noqa: E402
+                          sha256_file, step)
+from dplib.ext import build_extension, check_toolchain  # noqa: E402
 from dplib import export as export_mod  # noqa: E402
 from dplib import rebase as rebase_mod  # noqa: E402
 from dplib import lint as lint_mod  # noqa: E402
 from dplib import stacktest as stacktest_mod  # noqa: E402
 from dplib import testsel as testsel_mod  # noqa: E402
 from dplib import upstream_tests as upstream_mod  # noqa: E402
-from dplib.targets import (check_overrides, fetch_release_wheel, override_versions, release_sources,  # noqa: E402
-                           supported_versions, with_overrides)  # noqa: E402
+from dplib.targets import (apply_recorded, apply_state, check_overrides, fetch_release_wheel,  # noqa: E402
+                           override_versions, record_dir, release_sources, supported_versions,
+                           unapply_recorded, with_overrides)
 from dplib.series import (apply_to_target, check_override_names, load_series, patched_sources,  # noqa: E402
                           series_digest)
-from dplib.wheel import patched_wheel_name, repack, stamp_version_py  # noqa: E402
+from dplib.wheel import (RECORD_MODULE, describe_record, patched_wheel_name, record_module, repack,  # noqa: E402
+                         stamp_version_py)
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
 BUILD_INPUTS = ("patches", "torch_overlay", "csrc", "setup.py", "CMakeLists.txt",
@@ -67,6 +81,68 @@ def inputs_digest(project: Project) -> str:
 
 def stamp_file(project: Project) -> Path:
     return project.build / "wheel.stamp"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What the last successful build made: from which inputs, which wheel, which variant."""
+
+    digest: str
+    wheel: str
+    wheel_sha256: str
+    variant: str
+
+
+def read_stamp(project: Project) -> Stamp | None:
+    stamp = stamp_file(project)
+    fields = stamp.read_text().split() if stamp.is_file() else []
+    return Stamp(*fields) if len(fields) == 4 else None
+
+
+def write_stamp(project: Project, stamp: Stamp) -> None:
+    tmp = stamp_file(project).with_name("wheel.stamp.partial")
+    tmp.write_text(f"{stamp.digest} {stamp.wheel} {stamp.wheel_sha256} {stamp.variant}\n")
+    os.replace(tmp, stamp_file(project))
+
+
+def dynapatch_commit(project: Project) -> str:
+    """The checkout's commit, `+dirty` if a build input differs from it."""
+    if not (project.root / ".git").exists():
+        return "unknown (not a git checkout)"
+    try:
+        head = git(["rev-parse", "HEAD"], project.root).strip()
+        dirty = git(["status", "--porcelain", "--", *BUILD_INPUTS], project.root).strip()
+    except DynapatchError:
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def select_base(project: Project, args: argparse.Namespace) -> tuple[BaseSpec, Path]:
+    """The base wheel to build from: --base-wheel F (any pinned variant), --variant, or the variant
+    `pip download torch==<version>` gives here. Verified against patches/BASE."""
+    if args.base_wheel is not None:
+        spec = variant_of_wheel(project, args.base_wheel)
+        if args.variant and args.variant != spec.variant:
+            raise DynapatchError(f"--base-wheel {args.base_wheel.name} is the {spec.variant} variant, not {args.variant}")
+        return spec, args.base_wheel
+    spec = load_base(project, args.variant) if args.variant else default_variant(project)
+    return spec, fetch_base_wheel(project, spec)
+
+
+def build_is_noop(project: Project, args: argparse.Namespace) -> Stamp | None:
+    """The last build's stamp if it is what this build would make: same inputs, the wheel in dist/
+    intact, the same variant (asked for, or of --base-wheel; without either, the last one)."""
+    stamp = read_stamp(project)
+    if stamp is None or args.force or stamp.digest != inputs_digest(project):
+        return None
+    wheel = project.dist / stamp.wheel
+    if not wheel.is_file() or sha256_file(wheel) != stamp.wheel_sha256:
+        return None
+    if args.base_wheel is not None:
+        wanted = variant_of_wheel(project, args.base_wheel).variant
+    else:
+        wanted = args.variant or stamp.variant
+    return stamp if wanted == stamp.variant else None
 
 
 def cmd_check(project: Project, args: argparse.Namespace) -> int:
@@ -90,32 +166,56 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
 
 
 def cmd_build(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 with the custom wheel in dist/ (and .venv/); 1 bad input or failed step; 2 a patch does not apply.
+
+    Nothing in dist/, build/wheel.stamp or .venv/ changes until every input is verified and the
+    new wheel is complete: a failed build leaves the last good wheel in place.
+    """
     started = time.monotonic()
-    spec = load_base(project)
-    # A failed build must not leave a wheel that looks current.
-    for old in project.dist.glob("torch-*.whl"):
-        old.unlink()
-    stamp_file(project).unlink(missing_ok=True)
-    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    stamp = build_is_noop(project, args)
+    if stamp is not None:
+        log(f"nothing changed since the last build: dist/{stamp.wheel} is current "
+            f"(sha256 {stamp.wheel_sha256}, {stamp.variant} variant); --force rebuilds")
+        if not args.no_venv:
+            make_venv(project, project.dist / stamp.wheel, stamp.wheel_sha256)
+        return 0
+    with step("base wheel: choose, download if needed, verify sha256"):
+        spec, wheel = select_base(project, args)
+        log(f"base: {wheel.name} ({spec.variant} variant, torch {spec.base_torch_version})")
+    with step("checking the toolchain (C++ compiler, cmake, ninja)"):
+        tools = check_toolchain(project)
     pristine = pristine_sources(project, spec, wheel)
     patches = load_series(project, pristine)
-    log(f"applying {len(patches)} patches")
     stage = project.build / "stage"
-    changed = patched_sources(project, patches, pristine, stage)
+    with step(f"applying {len(patches)} patches and the overlay"):
+        changed = patched_sources(project, patches, pristine, stage)
+    if RECORD_MODULE in changed or (pristine / RECORD_MODULE).exists():
+        raise DynapatchError(f"{RECORD_MODULE} is written by build (what the wheel holds); "
+                             f"no patch or overlay file may add it")
     staged = {rel: (stage / rel).read_bytes() for rel in changed}
     series_sha = series_digest(project, patches)
     with open(pristine / "torch" / "version.py") as f:
         staged["torch/version.py"] = stamp_version_py(f.read(), spec, series_sha).encode()
-    log("building the C++ extension")
-    ext_name, ext_bytes = build_extension(project, spec, wheel)
+    staged[RECORD_MODULE] = record_module({
+        "version": spec.patched_version, "variant": spec.variant, "base_wheel": spec.wheel,
+        "base_sha256": spec.sha256, "commit": dynapatch_commit(project), "series_sha256": series_sha,
+        "patches": [{"name": p.name, "sha256": sha256_file(p.path)} for p in patches],
+    }).encode()
+    with step("building the C++ extension"):
+        ext_name, ext_bytes = build_extension(project, spec, wheel, tools)
     staged[ext_name] = ext_bytes
     project.dist.mkdir(exist_ok=True)
     out = project.dist / patched_wheel_name(spec)
-    log(f"repacking into {out.name}")
-    repack(wheel, out, spec, staged)
+    with step(f"repacking into dist/{out.name}"):
+        repack(wheel, out, spec, staged)  # written as .partial, renamed when complete
     wheel_sha = sha256_file(out)
-    stamp_file(project).write_text(f"{inputs_digest(project)} {out.name} {wheel_sha}\n")
-    log(f"built {out} sha256 {wheel_sha} in {time.monotonic() - started:.0f} s")
+    write_stamp(project, Stamp(inputs_digest(project), out.name, wheel_sha, spec.variant))
+    # Older wheels of this variant (another series) would be mistaken for this one.
+    prefix = f"torch-{spec.public_version}+{spec.label}.{spec.local_label}."
+    for old in project.dist.glob(f"torch-*.whl"):
+        if old != out and old.name.startswith(prefix):
+            old.unlink()
+    log(f"built dist/{out.name} sha256 {wheel_sha} in {time.monotonic() - started:.0f} s")
     if not args.no_venv:
         make_venv(project, out, wheel_sha)
     return 0
@@ -128,35 +228,54 @@ def make_venv(project: Project, wheel: Path, wheel_sha: str) -> None:
         log(f".venv already has {wheel.name}")
         return
     py = python_exe(project.venv)
-    if not py.exists():
-        run(["python3", "-m", "venv", project.venv])
-        run([py, "-m", "pip", "install", "--quiet", "-r", project.root / "requirements-test.txt", wheel])
-    else:
-        run([py, "-m", "pip", "install", "--quiet", "-r", project.root / "requirements-test.txt"])
-        run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", wheel])
-    marker.write_text(wheel_sha + "\n")
-    version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
+    with step(f".venv: installing {wheel.name}" + ("" if py.exists() else " and requirements-test.txt")):
+        if not py.exists():
+            run(["python3", "-m", "venv", project.venv])
+            run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt", wheel],
+                quiet=True)
+        else:
+            run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt"], quiet=True)
+            run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True)
+        marker.write_text(wheel_sha + "\n")
+        version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
     log(f".venv ready: torch {version}")
 
 
 def wheel_is_current(project: Project) -> bool:
-    stamp = stamp_file(project)
-    if not stamp.is_file():
+    stamp = read_stamp(project)
+    if stamp is None:
         return False
-    digest, name, wheel_sha = stamp.read_text().split()
-    wheel = project.dist / name
     marker = project.venv / "dynapatch-wheel.sha256"
-    return (digest == inputs_digest(project) and wheel.is_file()
-            and marker.is_file() and marker.read_text().strip() == wheel_sha)
+    return (stamp.digest == inputs_digest(project) and (project.dist / stamp.wheel).is_file()
+            and marker.is_file() and marker.read_text().strip() == stamp.wheel_sha256)
+
+
+# `test --quick`: the feature tests without the long ones (the toolchain's builds, the fuzzer,
+# every torch.optim optimizer); a few minutes instead of the full run.
+QUICK_IGNORE = ("test/tools/test_dynapatch_cli.py", "test/tools/test_upstream_workflow.py",
+                "test/tools/test_benchmarks.py", "test/dynamo/test_differential_fuzz.py",
+                "test/dynamo/test_optimizers_all.py")
+
+
+def pytest_args(project: Project, args: argparse.Namespace) -> list[str]:
+    """The user's pytest arguments, with test/ added unless one of them names a path."""
+    extra = list(args.pytest_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    names_path = any(not a.startswith("-") and (project.root / a.split("::", 1)[0]).exists() for a in extra)
+    ignore = [f"--ignore={f}" for f in QUICK_IGNORE] if args.quick else []
+    return [*extra, *ignore] + ([] if names_path else ["test"])
 
 
 def cmd_test(project: Project, args: argparse.Namespace) -> int:
+    """pytest's exit code (5, no tests collected, counts as a failure); 1 if the build fails."""
     if not wheel_is_current(project):
         log("wheel or .venv missing or stale: building first")
-        args.no_venv = False
+        args.no_venv, args.force, args.base_wheel = False, False, getattr(args, "base_wheel", None)
+        args.variant = getattr(args, "variant", None) or (read_stamp(project).variant if read_stamp(project) else None)
         cmd_build(project, args)
     started = time.monotonic()
-    cmd = [python_exe(project.venv), "-m", "pytest", "-p", "no:cacheprovider", *(args.pytest_args or ["test"])]
+    cmd = [python_exe(project.venv), "-m", "pytest", "-p", "no:cacheprovider", *pytest_args(project, args)]
     log("$ " + " ".join(map(str, cmd)))
     # Toolchain tests reuse this run's cache (base wheel, pristine sources, stock venv).
     env = {**os.environ, "DYNAPATCH_CACHE_DIR": str(project.cache)}
@@ -165,6 +284,24 @@ def cmd_test(project: Project, args: argparse.Namespace) -> int:
     if rc == 5:
         log("pytest collected no tests: that is a failure")
     return rc
+
+
+def cmd_info(project: Project, args: argparse.Namespace) -> int:
+    """What a custom wheel holds: variant, base wheel, dynapatch commit, each patch's name and sha256."""
+    if args.wheel is None:
+        stamp = read_stamp(project)
+        if stamp is None or not (project.dist / stamp.wheel).is_file():
+            raise DynapatchError("no built wheel in dist/ (run build, or pass --wheel F)")
+        args.wheel = project.dist / stamp.wheel
+    if not zipfile.is_zipfile(args.wheel):
+        raise DynapatchError(f"{args.wheel} is not a wheel")
+    with zipfile.ZipFile(args.wheel) as zf:
+        if RECORD_MODULE not in zf.namelist():
+            raise DynapatchError(f"{args.wheel.name} holds no {RECORD_MODULE}: not a dynapatch wheel "
+                                 f"(or one built before wheels recorded their series)")
+        source = zf.read(RECORD_MODULE).decode()
+    print(f"{args.wheel.name}\n{describe_record(source)}", flush=True)
+    return 0
 
 
 def devtree_dir(project: Project, args: argparse.Namespace) -> Path:
@@ -195,6 +332,7 @@ def resolve_target(target: Path) -> Path:
 
 
 def cmd_apply(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 applied (or already applied: nothing done); 1 bad target; 2 a patch does not apply."""
     root = resolve_target(args.target.resolve())
     version = installed_torch_version(root)
     supported = supported_versions(project)
@@ -204,10 +342,23 @@ def cmd_apply(project: Project, args: argparse.Namespace) -> int:
     patches = load_series(project)
     check_overrides(project, patches)
     patches, overridden = with_overrides(project, patches, version.split("+")[0])
-    changed = apply_to_target(project, patches, root)
+    done = apply_state(project, patches, root)
+    if done is not None:
+        log(f"already applied to {root}: {done}; nothing to do (unapply --target restores it)")
+        return 0
+    changed = apply_recorded(project, patches, root, series_digest(project, patches))
     log(f"applied {len(patches)} patches ({len(changed)} files) to {root}"
         + (f"; from patches/{version.split('+')[0]}/: {', '.join(overridden)}" if overridden else ""))
+    log(f"what changed is recorded in {record_dir(root)}: `unapply --target {args.target}` restores it")
     log("the C++ extension is not built by apply; features fall back to stock guards without it")
+    return 0
+
+
+def cmd_unapply(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 with the target restored byte for byte; 1 no record, or a file changed since apply."""
+    root = resolve_target(args.target.resolve())
+    restored = unapply_recorded(root, force=args.force)
+    log(f"restored {root}: {restored} files as they were before apply")
     return 0
 
 
@@ -329,30 +480,82 @@ def cmd_lint(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def version_text(project: Project) -> str:
+    variants = ", ".join(f"{v.variant} ({v.wheel})" for v in base_variants(project))
+    return (f"dynapatch.py {dynapatch_commit(project)}\nbase torch {load_base(project).public_version}: {variants}\n"
+            f"custom wheel: {load_base(project).patched_version} (or the variant's label)")
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the dynapatch commit, the base wheels and "
+                         "the custom wheel's version, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(Project.at(namespace.project)), flush=True)
+        parser.exit()
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynapatch.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the dynapatch checkout (default: the one holding this script)")
-    parser.add_argument("--cache-dir", type=Path, help="where base wheel extracts are kept (default: build/cache)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--cache-dir", type=Path, help="where base wheels, their extracts and tool venvs are "
+                        "kept; may be shared between checkouts (default: build/cache)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="echo every command and show pip's, cmake's and the compiler's output")
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    base_help = "use this base wheel file (a variant pinned in patches/BASE) instead of pip download"
+    helps = {
+        "build": "base wheel -> patched, reproducible custom wheel in dist/ -> .venv/ (a no-op when nothing changed)",
+        "test": "pytest in .venv/ (default: test/), building first if the wheel is stale; "
+                "other arguments go to pytest",
+        "check": "the series is valid and applies exactly (no fuzz, no offsets) to the pristine base",
+        "devtree": "a git repo of the pristine torch sources with one commit per patch, to edit the series",
+    }
     for name, func in (("build", cmd_build), ("test", cmd_test), ("check", cmd_check), ("devtree", cmd_devtree)):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name] + ".")
         p.set_defaults(func=func)
-        p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+        p.add_argument("--base-wheel", type=Path, help=base_help)
+        if name in ("build", "test"):
+            p.add_argument("--variant", metavar="cpu|cuda", help="the base wheel variant (default: the one `pip download torch==<version>` "
+                                "gives here; for test: the last build's); patches/BASE lists them")
         if name == "build":
-            p.add_argument("--no-venv", action="store_true", help="only build the wheel")
+            p.add_argument("--no-venv", action="store_true", help="only build the wheel, leave .venv/ as it is")
+            p.add_argument("--force", action="store_true", help="rebuild even if nothing changed")
         if name == "test":
-            p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest (default: test)")
+            p.add_argument("--quick", action="store_true",
+                           help="skip the slow files (toolchain builds, the fuzzer, every torch.optim optimizer): "
+                                + ", ".join(Path(f).name for f in QUICK_IGNORE))
+            p.set_defaults(pytest_args=[])
         if name == "devtree":
-            p.add_argument("--dir", type=Path, default=Path("build/devtree"))
+            p.add_argument("--dir", type=Path, default=Path("build/devtree"),
+                           help="where to make it (default: build/devtree)")
             p.add_argument("--force", action="store_true", help="recreate an existing devtree")
-    p = sub.add_parser("refresh")
+    p = sub.add_parser("refresh", help="export the devtree's commits back to patches/ and torch_overlay/",
+                       description="Export the devtree's commits back to patches/ and torch_overlay/.")
     p.set_defaults(func=cmd_refresh)
-    p.add_argument("--dir", type=Path, default=Path("build/devtree"))
-    p = sub.add_parser("apply")
+    p.add_argument("--dir", type=Path, default=Path("build/devtree"), help="the devtree (default: build/devtree)")
+    target_help = ("a pytorch checkout at the base's release (or one with patches/<version>/), "
+                   "a site-packages dir or a venv")
+    p = sub.add_parser("apply", help="apply the series and overlay onto an existing torch tree",
+                       description="Apply the series and overlay onto an existing torch tree, all or nothing; "
+                                   "a record of what changed is kept in the tree for unapply.")
     p.set_defaults(func=cmd_apply)
-    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--target", type=Path, required=True, help=target_help)
+    p = sub.add_parser("unapply", help="undo apply: restore the tree exactly as it was",
+                       description="Undo apply: restore every file apply changed and remove the files it added, "
+                                   "from the record apply wrote.")
+    p.set_defaults(func=cmd_unapply)
+    p.add_argument("--target", type=Path, required=True, help="the tree given to apply --target")
+    p.add_argument("--force", action="store_true", help="restore even files changed since apply")
+    p = sub.add_parser("info", help="what a custom wheel holds: variant, base, dynapatch commit, patches and sha256s",
+                       description="What a custom wheel holds: variant, base wheel, dynapatch commit, every "
+                                   "patch's name and sha256. An installed one: python -m torch._dynamo.dynapatch.")
+    p.set_defaults(func=cmd_info)
+    p.add_argument("--wheel", type=Path, help="the wheel (default: the last build's, in dist/)")
     p = sub.add_parser("export-prs", help="one git-am-able mbox per patch, written as a PR description")
     p.set_defaults(func=cmd_export_prs)
     p.add_argument("outdir", type=Path, metavar="OUTDIR")
@@ -381,7 +584,26 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
     p.set_defaults(func=cmd_lint)
     p.add_argument("--strict-native", action="store_true", help="fail when csrc/ differs from .clang-format")
-    args = parser.parse_args(argv)
+    # A subcommand's --help starts with what it does: its one-line help where it has no description.
+    for choice in sub._choices_actions:
+        if sub.choices[choice.dest].description is None:
+            sub.choices[choice.dest].description = choice.help[:1].upper() + choice.help[1:] + "."
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = make_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command != "test":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.pytest_args = unknown
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    common.VERBOSE = args.verbose
     project = Project.at(args.project, args.cache_dir)
     try:
         project.cache.mkdir(parents=True, exist_ok=True)

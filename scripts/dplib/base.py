@@ -1,15 +1,19 @@
-"""The pinned base wheel: what patches/BASE says, fetching it, and its pristine sources."""
+"""The pinned base wheels (one per variant: cpu, cuda): what patches/BASE says, fetching one, its pristine sources."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
-from .common import DynapatchError, Project, log, run, sha256_file
+from .common import DynapatchError, Project, log, pip_quiet, run, sha256_file
 
 # Text files of the torch package that patches may touch and devtree tracks.
 SOURCE_SUFFIXES = (".py", ".pyi", ".json")
@@ -17,35 +21,93 @@ SOURCE_SUFFIXES = (".py", ".pyi", ".json")
 
 @dataclass(frozen=True)
 class BaseSpec:
-    version: str  # e.g. 2.13.0+cpu
+    version: str  # the wheel's version, e.g. 2.13.0+cpu or 2.13.0
     wheel: str  # the wheel's file name
     sha256: str
-    local_label: str  # e.g. dynapatch.1
+    local_label: str  # e.g. dynapatch
+    variant: str = ""  # cpu, cuda
+    torch_version: str = ""  # torch.__version__ in its version.py (2.13.0+cu130); default: version
+    label: str = ""  # the variant's part of the custom wheel's local version (cpu, cu130)
+    index: str = ""  # a package index serving this file
+    series_tag: str = ""  # <patch count>.g<8 hex of the series digest>, "" if the series is invalid
 
     @property
     def public_version(self) -> str:
         return self.version.split("+", 1)[0]
 
     @property
+    def base_torch_version(self) -> str:
+        return self.torch_version or self.version
+
+    @property
     def patched_version(self) -> str:
-        sep = "." if "+" in self.version else "+"
-        return f"{self.version}{sep}{self.local_label}"
+        """e.g. 2.13.0+cpu.dynapatch.14.g1a2b3c4d: the variant, then a number that changes with the series."""
+        if not self.series_tag:
+            raise DynapatchError("the series is invalid (dynapatch.py check): no version for the custom wheel")
+        local = ".".join(p for p in (self.label, self.local_label, self.series_tag) if p)
+        return f"{self.public_version}+{local}"
 
 
-def load_base(project: Project) -> BaseSpec:
-    """Parse patches/BASE (`key: value` lines, `#` comments)."""
+def _parse_base(project: Project) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """patches/BASE: `key: value` lines, `#` comments; global keys, then one block per `variant:`."""
     if not project.base_file.is_file():
-        raise DynapatchError(f"{project.base_file} is missing: it pins the base wheel")
-    fields = {}
+        raise DynapatchError(f"{project.base_file} is missing: it pins the base wheels")
+    common: dict[str, str] = {}
+    blocks: list[dict[str, str]] = []
     for line in project.base_file.read_text().splitlines():
         line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-    missing = {"version", "wheel", "sha256", "local-label"} - fields.keys()
-    if missing:
-        raise DynapatchError(f"{project.base_file} lacks {', '.join(sorted(missing))}")
-    return BaseSpec(fields["version"], fields["wheel"], fields["sha256"], fields["local-label"])
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "variant":
+            blocks.append({})
+        (blocks[-1] if blocks else common)[key] = value
+    if not blocks:  # the one-wheel format of earlier versions
+        blocks = [dict(common, variant=common.get("variant", "default"))]
+    return common, blocks
+
+
+def base_variants(project: Project) -> list[BaseSpec]:
+    """Every supported base wheel, in patches/BASE order (the first is the default)."""
+    common, blocks = _parse_base(project)
+    tag = _series_tag(project)
+    specs = []
+    for block in blocks:
+        fields = {**{k: v for k, v in common.items() if k == "local-label"}, **block}
+        missing = {"version", "wheel", "sha256", "local-label"} - fields.keys()
+        if missing:
+            raise DynapatchError(f"{project.base_file}: variant {fields.get('variant')} lacks "
+                                 f"{', '.join(sorted(missing))}")
+        version = fields["version"]
+        label = fields.get("label", version.partition("+")[2])
+        specs.append(BaseSpec(version, fields["wheel"], fields["sha256"], fields["local-label"],
+                              fields["variant"], fields.get("torch-version", version), label,
+                              fields.get("index", ""), tag))
+    if len({s.public_version for s in specs}) != 1:
+        raise DynapatchError(f"{project.base_file} pins several torch releases; all variants must be one release")
+    return specs
+
+
+def load_base(project: Project, variant: str | None = None) -> BaseSpec:
+    """The pinned base wheel of `variant` (default: the first in patches/BASE)."""
+    specs = base_variants(project)
+    if variant is None:
+        return specs[0]
+    for spec in specs:
+        if spec.variant == variant:
+            return spec
+    raise DynapatchError(f"patches/BASE has no variant {variant!r} (it pins {', '.join(s.variant for s in specs)})")
+
+
+def _series_tag(project: Project) -> str:
+    from .series import load_series, series_digest  # series imports nothing of base: no cycle
+
+    try:
+        patches = load_series(project)
+    except DynapatchError:
+        return ""
+    return f"{len(patches)}.g{series_digest(project, patches)[:8]}"
 
 
 def wheel_version(path: Path) -> str:
@@ -56,13 +118,38 @@ def wheel_version(path: Path) -> str:
     return parts[1]
 
 
+def variant_of_wheel(project: Project, path: Path) -> BaseSpec:
+    """The pinned variant `path` is, by file name, version and sha256; DynapatchError if none."""
+    if not path.is_file():
+        raise DynapatchError(f"base wheel {path} does not exist")
+    name = path.name.split("-")[0] if path.name.endswith(".whl") else ""
+    if name != "torch":
+        raise DynapatchError(f"base wheel {path.name} is not a torch wheel (patches/BASE pins torch "
+                             f"{load_base(project).public_version} wheels)")
+    version = wheel_version(path)
+    specs = base_variants(project)
+    candidates = [s for s in specs if s.version == version]
+    if not candidates:
+        raise DynapatchError(
+            f"base wheel {path.name} is torch {version}, but patches/BASE pins torch "
+            f"{' or '.join(s.version for s in specs)}: the series is only valid against that release")
+    digest = sha256_file(path)
+    for spec in candidates:
+        if digest == spec.sha256:
+            return spec
+    raise DynapatchError(
+        f"base wheel {path} has sha256 {digest}, but patches/BASE pins "
+        + " or ".join(f"{s.sha256} ({s.variant}: {s.wheel})" for s in candidates)
+        + ": refusing a rebuilt or different file")
+
+
 def verify_base_wheel(spec: BaseSpec, path: Path) -> None:
-    """Refuse a base wheel that is not the pinned version and file."""
+    """Refuse a base wheel that is not the pinned version and file of `spec`."""
     version = wheel_version(path)
     if version != spec.version:
         raise DynapatchError(
             f"base wheel {path.name} is torch {version}, but patches/BASE pins torch "
-            f"{spec.version}: the series is only valid against that release")
+            f"{spec.version} ({spec.variant}): the series is only valid against that release")
     digest = sha256_file(path)
     if digest != spec.sha256:
         raise DynapatchError(
@@ -70,8 +157,40 @@ def verify_base_wheel(spec: BaseSpec, path: Path) -> None:
             f"for {spec.wheel}: refusing a rebuilt or different file")
 
 
+def _pip_env_args(isolated_index: str | None) -> list[str]:
+    """pip options: the user's configuration, or (for a variant pip does not pick) only `index`."""
+    if isolated_index is None:
+        return []
+    args = ["--isolated", "--disable-pip-version-check", "--index-url", isolated_index]
+    cert = os.environ.get("PIP_CERT")
+    return args + (["--cert", cert] if cert else [])
+
+
+def default_variant(project: Project) -> BaseSpec:
+    """The variant `pip download torch==<version> --no-deps` gives on this machine (asked without
+    downloading: pip's resolver report)."""
+    specs = base_variants(project)
+    with tempfile.TemporaryDirectory(prefix="dynapatch-resolve-") as tmp:
+        report = Path(tmp) / "report.json"
+        run(["python3", "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+             "--only-binary=:all:", "--report", report, f"torch=={specs[0].public_version}"], capture=True)
+        items = json.loads(report.read_text()).get("install", [])
+    if len(items) != 1:
+        raise DynapatchError(f"pip resolves torch=={specs[0].public_version} to {len(items)} files")
+    info = items[0]["download_info"]
+    filename = unquote(info["url"].rsplit("/", 1)[-1].split("#", 1)[0])
+    digest = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+    for spec in specs:
+        if spec.wheel == filename and digest in (None, spec.sha256):
+            return spec
+    raise DynapatchError(
+        f"pip download torch=={specs[0].public_version} gives {filename} (sha256 {digest}), which patches/BASE "
+        f"does not pin; choose one with --variant {'|'.join(s.variant for s in specs)} or --base-wheel F")
+
+
 def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = None) -> Path:
-    """Return the verified base wheel: `explicit`, the cached copy, or `pip download`."""
+    """Return the verified base wheel: `explicit`, the cached copy, or `pip download` (the user's pip
+    configuration first; if it gives another variant, the variant's own index)."""
     if explicit is not None:
         if not explicit.is_file():
             raise DynapatchError(f"base wheel {explicit} does not exist")
@@ -82,16 +201,24 @@ def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = N
         log(f"base wheel: {cached} (cached, sha256 ok)")
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
-        run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "-d", tmp, f"torch=={spec.public_version}"])
-        wheels = list(Path(tmp).glob("torch-*.whl"))
-        if len(wheels) != 1:
-            raise DynapatchError(f"pip download torch=={spec.public_version} gave {wheels}")
-        verify_base_wheel(spec, wheels[0])
-        wheels[0].replace(cached)
-    log(f"base wheel: {cached} (sha256 ok)")
-    return cached
+    attempts = [None] + ([spec.index] if spec.index else [])
+    for index in attempts:
+        with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
+            # An exact pin where the version has a local label (2.13.0+cpu); the public one otherwise.
+            # pip's progress bar is the only progress of this (0.5 GB) step: kept on a terminal.
+            quiet = [] if sys.stdout.isatty() else pip_quiet()
+            run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *quiet,
+                 *_pip_env_args(index), "-d", tmp, f"torch=={spec.version}"], quiet=bool(quiet))
+            wheels = list(Path(tmp).glob("torch-*.whl"))
+            if len(wheels) == 1 and wheels[0].name == spec.wheel:
+                verify_base_wheel(spec, wheels[0])
+                wheels[0].replace(cached)
+                log(f"base wheel: {cached} (sha256 ok)")
+                return cached
+            log(f"pip download torch=={spec.version} gave {[w.name for w in wheels]}, not {spec.wheel}"
+                + (f"; trying {spec.index}" if index is None and spec.index else ""))
+    raise DynapatchError(f"could not download {spec.wheel} ({spec.variant} variant); download it and pass "
+                         f"--base-wheel F")
 
 
 def pristine_sources(project: Project, spec: BaseSpec, wheel: Path) -> Path:

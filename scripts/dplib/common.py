@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Iterator, NoReturn
 
 
 class DynapatchError(Exception):
@@ -19,8 +21,32 @@ class DynapatchError(Exception):
         self.exit_code = exit_code
 
 
+# -v: echo every command and let pip/cmake/the compiler print as they go. Otherwise each
+# step prints one line when it starts and one with its time when it ends, and a failing
+# command's output is shown only when it fails.
+VERBOSE = False
+
+
 def log(message: str) -> None:
     print(f"dynapatch: {message}", flush=True)
+
+
+def debug(message: str) -> None:
+    if VERBOSE:
+        log(message)
+
+
+@contextlib.contextmanager
+def step(title: str) -> Iterator[None]:
+    """One line when the step starts, one with its time when it ends (or fails)."""
+    log(f"{title} ...")
+    started = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        log(f"{title}: failed after {time.monotonic() - started:.1f} s")
+        raise
+    log(f"{title}: done in {time.monotonic() - started:.1f} s")
 
 
 @dataclass(frozen=True)
@@ -53,18 +79,27 @@ def sha256_file(path: Path) -> str:
 
 
 def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
-        check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
-    """Run a command, echoing it; raise DynapatchError with its output on failure."""
-    log("$ " + " ".join(str(c) for c in cmd))
+        check: bool = True, capture: bool = False, quiet: bool = False) -> subprocess.CompletedProcess:
+    """Run a command (echoed under -v); raise DynapatchError with its output on failure.
+
+    capture: return its output in .stdout. quiet: hide its output unless -v or it fails.
+    """
+    debug("$ " + " ".join(str(c) for c in cmd))
+    hide = capture or (quiet and not VERBOSE)
     proc = subprocess.run(
         [str(c) for c in cmd], cwd=cwd, env={**os.environ, **(env or {})},
-        text=True, stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.STDOUT if capture else None,
+        text=True, stdout=subprocess.PIPE if hide else None,
+        stderr=subprocess.STDOUT if hide else None,
     )
     if check and proc.returncode != 0:
-        detail = f"\n{proc.stdout}" if capture and proc.stdout else ""
+        detail = f"\n{proc.stdout.strip()}" if hide and proc.stdout else ""
         raise DynapatchError(f"command failed (exit {proc.returncode}): {' '.join(map(str, cmd))}{detail}")
     return proc
+
+
+def pip_quiet() -> list[str]:
+    """pip's own output only under -v."""
+    return [] if VERBOSE else ["--quiet"]
 
 
 def git(args: list[str], cwd: Path, *, env: dict | None = None, check: bool = True) -> str:

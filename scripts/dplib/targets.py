@@ -9,15 +9,18 @@ never used for the pinned base, so overrides cannot change the built wheel.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 from .base import BaseSpec, load_base, pristine_sources, wheel_version
 from .common import DynapatchError, Project, log, run, sha256_file
-from .series import OVERRIDE_DIR_RE, SERIES_INVALID, Patch, check_header, parse_patch
-
-
+from .series import OVERRIDE_DIR_RE, SERIES_INVALID, Patch, apply_to_target, check_header, parse_patch
 
 
 def public_version(version: str) -> str:
@@ -132,3 +135,124 @@ def release_sources(project: Project, wheel: Path, *, cached: bool = True) -> Pa
     shutil.rmtree(scratch.cache, ignore_errors=True)
     scratch.cache.mkdir(parents=True)
     return pristine_sources(scratch, spec, wheel)
+
+
+# apply --target keeps what it changed next to the target, so unapply can restore it exactly:
+# <root>/.dynapatch-apply/record.json and orig/<path> (each file as it was), beside torch/ so the
+# torch tree itself holds only what the series puts there.
+RECORD_DIR = ".dynapatch-apply"
+
+
+def record_dir(root: Path) -> Path:
+    return root / RECORD_DIR
+
+
+def _sha(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _reverse_applies(patches: list[Patch], root: Path) -> bool:
+    """Whether `root` holds the series already: every patch un-applies, last first, and the
+    overlay files are there (checked on copies; `root` is not touched)."""
+    with tempfile.TemporaryDirectory(prefix="dynapatch-reverse-") as tmp:
+        tree = Path(tmp) / "tree"
+        for rel in sorted({f for p in patches for f in p.files}):
+            if not (root / rel).is_file():
+                return False
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, tree / rel)
+        for patch in reversed(patches):
+            proc = subprocess.run(["git", "apply", "-R", "--whitespace=nowarn", str(patch.path)], cwd=tree,
+                                  env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
+                                  capture_output=True)
+            if proc.returncode != 0:
+                return False
+    return all((root / rel).is_file() for p in patches for rel in p.overlay_files)
+
+
+def apply_state(project: Project, patches: list[Patch], root: Path) -> str | None:
+    """None if the series is not applied to `root`; otherwise how it is (for the message)."""
+    record = record_dir(root) / "record.json"
+    if record.is_file():
+        data = json.loads(record.read_text())
+        return f"recorded in {record} ({len(data['files'])} files, series sha256 {data['series_sha256'][:16]})"
+    if _reverse_applies(patches, root):
+        return "its files already hold every patch and overlay file (applied without a record)"
+    return None
+
+
+def _dist_info_record(root: Path) -> str | None:
+    """torch-*.dist-info/RECORD of a site-packages root, relative to it."""
+    found = sorted(root.glob("torch-*.dist-info/RECORD"))
+    return str(found[0].relative_to(root)) if len(found) == 1 else None
+
+
+def _record_line(rel: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{len(data)}"
+
+
+def apply_recorded(project: Project, patches: list[Patch], root: Path, series_sha256: str) -> list[str]:
+    """apply_to_target, keeping each file's previous bytes next to the target (RECORD_DIR) first.
+
+    In a site-packages dir the files apply adds (overlay, the record) are added to torch's
+    dist-info RECORD with the changed files' new hashes, so `pip uninstall torch` removes them.
+    """
+    touched = sorted({f for p in patches for f in p.files} | {f for p in patches for f in p.overlay_files})
+    before = {rel: (root / rel).read_bytes() if (root / rel).is_file() else None for rel in touched}
+    dist_record = _dist_info_record(root)
+    if dist_record:
+        before[dist_record] = (root / dist_record).read_bytes()
+    final = record_dir(root)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for rel, data in before.items():
+        if data is not None:
+            (partial / "orig" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (partial / "orig" / rel).write_bytes(data)
+    try:
+        changed = apply_to_target(project, patches, root)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    files = [{"path": rel, "before": _sha(before[rel]), "after": _sha((root / rel).read_bytes())}
+             for rel in touched]
+    record = {"series_sha256": series_sha256, "patches": [p.name for p in patches], "files": files,
+              "dist_info_record": dist_record}
+    (partial / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, final)
+    if dist_record:
+        lines = (root / dist_record).read_text().splitlines()
+        ours = {rel for rel in touched} | {str(f.relative_to(root)) for f in final.rglob("*") if f.is_file()}
+        lines = [line for line in lines if line.split(",", 1)[0] not in ours]
+        lines += [_record_line(rel, (root / rel).read_bytes()) for rel in sorted(ours)]
+        (root / dist_record).write_text("\n".join(lines) + "\n")
+        record["files"].append({"path": dist_record, "before": _sha(before[dist_record]),
+                                "after": _sha((root / dist_record).read_bytes())})
+        (final / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return changed
+
+
+def unapply_recorded(root: Path, *, force: bool = False) -> int:
+    """Restore what apply_recorded changed; refuse (unless force) if a file changed since."""
+    final = record_dir(root)
+    if not (final / "record.json").is_file():
+        raise DynapatchError(f"{root} has no record of an apply ({final}/record.json): nothing to undo")
+    record = json.loads((final / "record.json").read_text())
+    if not force:
+        edited = [f["path"] for f in record["files"]
+                  if _sha((root / f["path"]).read_bytes() if (root / f["path"]).is_file() else None) != f["after"]]
+        if edited:
+            raise DynapatchError(f"changed since apply: {', '.join(edited)}; --force restores them anyway")
+    for f in record["files"]:
+        target = root / f["path"]
+        if f["before"] is None:
+            target.unlink(missing_ok=True)
+            parent = target.parent
+            while parent != root and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+        else:
+            shutil.copyfile(final / "orig" / f["path"], target)
+    shutil.rmtree(final)
+    return len(record["files"])

@@ -10,6 +10,7 @@ import io
 import os
 import re
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -22,16 +23,23 @@ EXAMPLE = re.compile(r"```python\n(?P<code>.*?)```\n\n```text\n(?P<output>.*?)``
 
 
 def run_example(code: str) -> str:
+    """The example's stdout when run as a script (python mental_model_example.py) would print it."""
     torch._dynamo.reset()
-    # A real module, so classes defined by the example can be found by Dynamo.
+    # A real module, so classes defined by the example can be found by Dynamo, and a real
+    # file: torch.compile wraps functions of exec'd "<string>" code in a frame of its own,
+    # whose guards (on fn, args, kwargs) a script does not have.
     module = types.ModuleType("mental_model_example")
     sys.modules[module.__name__] = module
     out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, "<string>", "exec"), module.__dict__)
-    finally:
-        del sys.modules[module.__name__]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "mental_model_example.py"
+        path.write_text(code)
+        module.__file__ = str(path)
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, str(path), "exec"), module.__dict__)
+        finally:
+            del sys.modules[module.__name__]
     return out.getvalue()
 
 
@@ -55,6 +63,20 @@ class MentalModelDocsTest(torch._dynamo.test_case.TestCase):
                     self.assertNotIn("accelerated", output)
                     continue
                 self.assertEqual(output, example["output"])
+
+    def test_guard_summaries_print_the_same_as_a_script(self):
+        # The page's guard counts are what a user running the example as a script sees.
+        import subprocess
+
+        examples = [m for m in EXAMPLE.finditer(DOC.read_text()) if "explain_guards(" in m["code"]]
+        self.assertGreaterEqual(len(examples), 1)
+        for example in examples:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "mental_model_example.py"
+                path.write_text(example["code"])
+                proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=tmp)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stdout, example["output"])
 
 
 if __name__ == "__main__":

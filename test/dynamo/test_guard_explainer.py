@@ -1,6 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """torch._dynamo.explain_guards and the explained recompile reasons."""
 
+import gc
 import io
 import logging
 import unittest
@@ -73,13 +74,13 @@ class GuardExplainerTests(torch._dynamo.test_case.TestCase):
         for _ in range(3):
             model(torch.randn(3, 4))
         self.assertExpectedInline(explain(model), """\
-Guards of forward (test_guard_explainer.py:21): 1 cache entry
+Guards of forward (test_guard_explainer.py:22): 1 cache entry
 cache entry 0:
   50 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2, relation 1
     self.layer: 15 guards
         type of 2 objects
         contents (1 key/length check)
-        tensor metadata of 2 Parameter (float32x2): dtype, device, shape, stride, requires_grad; all dims static
+        tensor metadata of 2 Parameters (all float32): dtype, device, shape, stride, requires_grad; all dims static
         10 dynamic-dim marker checks
     <globals and imports>: 13 guards
         identity of 9 objects
@@ -89,7 +90,7 @@ cache entry 0:
         contents (4 key/length checks)
         2 same-object checks (e.g. self.__dict__['_modules'] is self._modules)
     x: 6 guards
-        tensor metadata of 1 Tensor (float32x1): dtype, device, shape, stride, requires_grad; all dims static
+        tensor metadata of 1 Tensor (dtype float32): dtype, device, shape, stride, requires_grad; all dims static
         5 dynamic-dim marker checks
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
@@ -107,7 +108,7 @@ cache entry 0:
         step()
         text = explain(step)
         self.assertExpectedInline(text, """\
-Guards of step (test_guard_explainer.py:40): 1 cache entry
+Guards of step (test_guard_explainer.py:41): 1 cache entry
 cache entry 0:
   24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
     self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
@@ -137,12 +138,12 @@ cache entry 0:
         fn = torch.compile(add_all, backend="eager")
         fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
         self.assertExpectedInline(explain(fn), """\
-Guards of add_all (test_guard_explainer.py:49): 1 cache entry
+Guards of add_all (test_guard_explainer.py:50): 1 cache entry
 cache entry 0:
   24 guards on 2 objects: tensor bookkeeping 16, global state 4, tensor 3, type 1
     d: 20 guards
         type of 1 object
-        tensor metadata of 3 Tensor (float32x3): dtype, device, shape, stride, requires_grad; all dims static
+        tensor metadata of 3 Tensors (all float32): dtype, device, shape, stride, requires_grad; all dims static
         15 dynamic-dim marker checks, 1 no-aliasing check
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes""", skip=1)
@@ -153,7 +154,7 @@ cache entry 0:
         fn([torch.randn(2) for _ in range(1000)])
         text = explain(fn)
         self.assertExpectedInline(text, """\
-Guards of total (test_guard_explainer.py:53): 1 cache entry
+Guards of total (test_guard_explainer.py:54): 1 cache entry
 cache entry 0:
   10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
     <global state>: 4 guards
@@ -212,6 +213,93 @@ cache entry 0:
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Guards of scale (compile_dict.py:2): 1 cache entry", proc.stdout)
         self.assertIn("value: d['a'] == 2.0", proc.stdout)
+        # Without this patch's lazy import torch._dynamo imports the module first: runpy warned.
+        self.assertNotIn("RuntimeWarning", proc.stderr)
+        self.assertEqual(proc.stderr, "")
+
+    def test_command_line_help_is_plain_text(self):
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, "-W", "error", "-m", "torch._dynamo.guard_explainer", "--help"],
+            capture_output=True, text=True,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn("``", proc.stdout)
+        self.assertIn("Run python -m torch._dynamo.guard_explainer script.py to execute", proc.stdout)
+        self.assertIn("script      the Python script to run", proc.stdout)
+
+    def test_function_never_compiled_has_no_cache_entries(self):
+        def never_called(x):
+            return x + 1
+
+        text = explain(torch.compile(never_called, backend="eager"))
+        self.assertExpectedInline(text.split(": ", 1)[1], """0 cache entries""")
+
+    def test_tensor_metadata_names_dtypes_by_count(self):
+        def mixed(d):
+            return d["a"] + d["b"] + d["c"].sum()
+
+        fn = torch.compile(mixed, backend="eager")
+        fn({"a": torch.randn(3), "b": torch.randn(3), "c": torch.arange(3)})
+        line = next(l for l in explain(fn).splitlines() if "tensor metadata" in l)
+        self.assertExpectedInline(line.strip(), """\
+tensor metadata of 3 Tensors (2 float32, 1 int64): dtype, device, shape, stride, requires_grad; all dims static""")
+
+        def one(x):
+            return x * 2
+
+        fn = torch.compile(one, backend="eager")
+        fn(torch.randn(2, dtype=torch.float64))
+        line = next(l for l in explain(fn).splitlines() if "tensor metadata" in l)
+        self.assertExpectedInline(line.strip(), """\
+tensor metadata of 1 Tensor (dtype float64): dtype, device, shape, stride, requires_grad; all dims static""")
+
+    def test_guard_classes_are_named_in_words(self):
+        from torch._dynamo.guard_explainer import _summarise, GuardLine
+
+        lines = [
+            GuardLine("L['x']", "TRUE_MATCH", "True", ""),
+            GuardLine("L['x']", "TRUE_MATCH", "True", ""),
+            GuardLine("L['x']", "DUAL_LEVEL_MATCH", "___check_dual_level(0)", ""),
+            GuardLine("L['x']", "SOME_FUTURE_GUARD", "f(x)", ""),
+        ]
+        self.assertExpectedInline("\n".join(_summarise("x", lines, set())), """\
+x: 4 guards
+    2 checks that always pass, 1 forward-AD dual level check, 1 some future check""")
+
+        def kw(x, **kwargs):
+            return x * kwargs["scale"]
+
+        fn = torch.compile(kw, backend="eager")
+        fn(torch.randn(2), scale=torch.randn(2))
+        text = explain(fn)
+        self.assertNotRegex(text, r"\b[A-Z]+_[A-Z_]+\b")  # no raw guard class name such as DICT_LENGTH
+
+    def test_deallocated_object_reason_gets_no_explanation(self):
+        from torch._dynamo.guard_explainer import annotate_recompile_reasons, describe_guard_failure
+
+        reason = "Cache line invalidated because L['mod'] got deallocated"
+        self.assertIsNone(describe_guard_failure(reason, {"Cache": object()}))
+        self.assertEqual(list(annotate_recompile_reasons([reason], {})), [reason])
+
+        def run(c, x):
+            return x * c.scale
+
+        fn = torch.compile(run, backend="eager")
+        x = torch.randn(2)
+        fn(type("C", (), {"scale": 2}), x)  # a class is guarded by identity (a weakref)
+        gc.collect()
+        torch._logging.set_logs(recompiles=True)
+        try:
+            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
+                fn(type("C", (), {"scale": 2}), x)  # the first class is gone: its entry was invalidated
+        finally:
+            torch._logging.set_logs()
+        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
+        self.assertIn("- 0/0: Cache line invalidated because L['c'] got deallocated", message)
+        self.assertNotIn("=>", message)
 
     def test_explanation_of_length_and_value_guards(self):
         from torch._dynamo.guard_explainer import describe_guard_failure

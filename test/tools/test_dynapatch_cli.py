@@ -1,11 +1,13 @@
 """The patch-series toolchain (scripts/dynapatch.py), run on temporary copies of the project."""
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zipfile
 from pathlib import Path
@@ -17,9 +19,10 @@ PROJECT_FILES = ("patches", "torch_overlay", "scripts", "csrc", "setup.py", "CMa
 WHEEL_TAGS = "cp311-cp311-manylinux_2_28_x86_64"
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import dynapatch as dynapatch_mod  # noqa: E402
 from dplib import wheel as wheel_mod  # noqa: E402
 from dplib.base import load_base  # noqa: E402
-from dplib.common import Project  # noqa: E402
+from dplib.common import Project, sha256_file  # noqa: E402
 
 
 class ProjectCopyTestCase(unittest.TestCase):
@@ -37,23 +40,37 @@ class ProjectCopyTestCase(unittest.TestCase):
         (self.project / "torch_overlay").mkdir(exist_ok=True)
         self.patch = sorted((self.project / "patches").glob("0001-*.patch"))[0]
 
-    def dynapatch(self, *args):
+    def dynapatch(self, *args, env=None):
         return subprocess.run(
             [sys.executable, str(self.project / "scripts" / "dynapatch.py"), "--cache-dir", str(CACHE), *args],
-            cwd=self.tmp, text=True, capture_output=True)
+            cwd=self.tmp, text=True, capture_output=True, env={**os.environ, **(env or {})})
 
     def assertFailsWith(self, proc, exit_code, *fragments):
         self.assertEqual(proc.returncode, exit_code, proc.stdout + proc.stderr)
         for fragment in fragments:
             self.assertIn(fragment, proc.stderr)
 
-    def assertNoWheel(self):
-        self.assertEqual(list((self.project / "dist").glob("*.whl")), [])
-
-    def stale_wheel(self):
-        """A wheel from an earlier build: a failed build must remove it."""
+    def last_good_build(self, current=False):
+        """dist/ and build/wheel.stamp as an earlier successful build left them (for the project's
+        inputs as they are if `current`, else for other inputs). Returns their bytes."""
+        project = Project.at(self.project)
+        spec = load_base(project)
         (self.project / "dist").mkdir(exist_ok=True)
-        (self.project / "dist" / f"torch-2.13.0+cpu.dynapatch.1-{WHEEL_TAGS}.whl").write_bytes(b"old")
+        wheel = self.project / "dist" / f"torch-2.13.0+cpu.dynapatch.14.g00000000-{WHEEL_TAGS}.whl"
+        wheel.write_bytes(b"last good wheel")
+        digest = dynapatch_mod.inputs_digest(project) if current else "0" * 64
+        (self.project / "build").mkdir(exist_ok=True)
+        (self.project / "build" / "wheel.stamp").write_text(
+            f"{digest} {wheel.name} {sha256_file(wheel)} {spec.variant}\n")
+        return self.dist_and_stamp()
+
+    def dist_and_stamp(self):
+        files = sorted((self.project / "dist").glob("*")) + [self.project / "build" / "wheel.stamp"]
+        return {f.name: f.read_bytes() for f in files if f.is_file()}
+
+    def assertLastGoodBuildKept(self, before):
+        """A failed build leaves the last good wheel and its stamp as they were (and nothing else)."""
+        self.assertEqual(self.dist_and_stamp(), before)
 
 
 class SeriesValidationTest(ProjectCopyTestCase):
@@ -65,10 +82,10 @@ class SeriesValidationTest(ProjectCopyTestCase):
     def test_patch_with_changed_context_names_patch_file_and_hunk(self):
         text = self.patch.read_text()
         self.patch.write_text(text.replace(" # which will directly inline\n", " # which will inline\n", 1))
-        self.stale_wheel()
-        proc = self.dynapatch("build", "--no-venv")
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
         self.assertFailsWith(proc, 2, self.patch.name, "torch/_dynamo/variables/optimizer.py", "@@ -150,7 +152,7 @@")
-        self.assertNoWheel()
+        self.assertLastGoodBuildKept(before)
 
     def test_truncated_patch_is_reported_corrupt(self):
         text = self.patch.read_text()
@@ -93,10 +110,10 @@ class SeriesValidationTest(ProjectCopyTestCase):
     def test_missing_overlay_file(self):
         text = self.patch.read_text()
         self.patch.write_text(text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:"))
-        self.stale_wheel()
-        proc = self.dynapatch("build", "--no-venv")
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
         self.assertFailsWith(proc, 1, self.patch.name, "torch_overlay/torch/_dynamo/absent.py", "missing")
-        self.assertNoWheel()
+        self.assertLastGoodBuildKept(before)
 
     def test_unclaimed_overlay_file(self):
         stray = self.project / "torch_overlay" / "torch" / "_dynamo" / "stray.py"
@@ -106,22 +123,172 @@ class SeriesValidationTest(ProjectCopyTestCase):
 
 
 class BaseWheelTest(ProjectCopyTestCase):
-    def fake_wheel(self, version, payload=b"not torch"):
-        path = self.tmp / f"torch-{version}-{WHEEL_TAGS}.whl"
+    def fake_wheel(self, name, payload=b"not torch"):
+        path = self.tmp / name
         with zipfile.ZipFile(path, "w") as zf:
             zf.writestr("torch/version.py", payload)
         return path
 
     def test_wrong_version_refused(self):
-        self.stale_wheel()
-        proc = self.dynapatch("build", "--no-venv", "--base-wheel", str(self.fake_wheel("2.12.0+cpu")))
-        self.assertFailsWith(proc, 1, "torch 2.12.0+cpu", "pins torch 2.13.0+cpu")
-        self.assertNoWheel()
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--base-wheel",
+                              str(self.fake_wheel(f"torch-2.12.0+cpu-{WHEEL_TAGS}.whl")))
+        self.assertFailsWith(proc, 1, "torch 2.12.0+cpu", "pins torch 2.13.0+cpu or 2.13.0")
+        self.assertLastGoodBuildKept(before)
 
     def test_wrong_file_refused(self):
-        proc = self.dynapatch("build", "--no-venv", "--base-wheel", str(self.fake_wheel("2.13.0+cpu")))
-        self.assertFailsWith(proc, 1, "sha256", load_base(Project.at(self.project)).sha256)
-        self.assertNoWheel()
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--base-wheel",
+                              str(self.fake_wheel(f"torch-2.13.0+cpu-{WHEEL_TAGS}.whl")))
+        self.assertFailsWith(proc, 1, "sha256", load_base(Project.at(self.project), "cpu").sha256)
+        self.assertLastGoodBuildKept(before)
+
+    def test_other_package_refused(self):
+        # The `six` wheel: not torch at all. Refused before dist/ or the stamp change.
+        before = self.last_good_build()
+        six = self.fake_wheel("six-1.16.0-py2.py3-none-any.whl", b"")
+        proc = self.dynapatch("build", "--no-venv", "--base-wheel", str(six))
+        self.assertFailsWith(proc, 1, "six-1.16.0-py2.py3-none-any.whl is not a torch wheel")
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertLastGoodBuildKept(before)
+
+    def test_unknown_variant_refused(self):
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--variant", "rocm")
+        self.assertFailsWith(proc, 1, "no variant 'rocm'", "cpu, cuda")
+        self.assertLastGoodBuildKept(before)
+
+    def test_variants_label_the_custom_wheel(self):
+        project = Project.at(self.project)
+        cpu, cuda = load_base(project, "cpu"), load_base(project, "cuda")
+        self.assertEqual((cpu.version, cuda.version), ("2.13.0+cpu", "2.13.0"))
+        self.assertRegex(cpu.patched_version, r"^2\.13\.0\+cpu\.dynapatch\.14\.g[0-9a-f]{8}$")
+        self.assertRegex(cuda.patched_version, r"^2\.13\.0\+cu130\.dynapatch\.14\.g[0-9a-f]{8}$")
+        self.assertEqual(wheel_mod.patched_wheel_name(cuda), f"torch-{cuda.patched_version}-{WHEEL_TAGS}.whl")
+        # The number after the label changes with the series: here an overlay file's content.
+        explainer = self.project / "torch_overlay/torch/_dynamo/guard_explainer.py"
+        explainer.write_text(explainer.read_text() + "\n# edited\n")
+        self.assertNotEqual(load_base(project, "cpu").patched_version, cpu.patched_version)
+
+
+class BuildTest(ProjectCopyTestCase):
+    def test_missing_compiler_keeps_last_good_wheel(self):
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        self.assertFailsWith(proc, 1, "CXX=/nonexistent is not a C++ compiler that runs")
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertLastGoodBuildKept(before)
+
+    def test_compiler_error_shows_its_first_error_line(self):
+        # A "compiler" that runs (--version) but fails every compile with an error of its own.
+        fake = self.tmp / "fake-c++"
+        fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo fake 1.0; exit 0; }\n"
+                        "echo 'guard.cpp:1:1: error: the fake compiler refuses' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        before = self.last_good_build()
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": str(fake)})
+        self.assertFailsWith(proc, 1, "the C++ extension did not build:", "error: the fake compiler refuses",
+                             "ext-build.log")
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertLastGoodBuildKept(before)
+
+    def test_no_change_build_is_a_noop(self):
+        before = self.last_good_build(current=True)
+        started = time.monotonic()
+        proc = self.dynapatch("build", "--no-venv", env={"CXX": "/nonexistent"})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertIn("nothing changed since the last build", proc.stdout)
+        self.assertEqual(self.dist_and_stamp(), before)
+        # Any input change makes it a real build (which the missing compiler stops).
+        (self.project / "csrc" / "guard_accel.cpp").write_text("// edited\n")
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        self.assertFailsWith(proc, 1, "CXX=/nonexistent")
+        self.assertEqual(self.dist_and_stamp(), before)
+
+    def test_another_variant_is_not_a_noop(self):
+        before = self.last_good_build(current=True)
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cuda", "--base-wheel",
+                              str(self.tmp / "absent.whl"))
+        self.assertFailsWith(proc, 1, "absent.whl does not exist")
+        self.assertEqual(self.dist_and_stamp(), before)
+
+
+class CommandLineTest(unittest.TestCase):
+    def test_test_passes_unknown_arguments_to_pytest_and_keeps_test_dir(self):
+        project = Project.at(ROOT)
+        args = dynapatch_mod.parse_args(["test", "-k", "explain", "-x"])
+        self.assertEqual(dynapatch_mod.pytest_args(project, args), ["-k", "explain", "-x", "test"])
+        args = dynapatch_mod.parse_args(["test", "test/dynamo/test_guard_explainer.py::GuardExplainerTest", "-q"])
+        self.assertEqual(dynapatch_mod.pytest_args(project, args),
+                         ["test/dynamo/test_guard_explainer.py::GuardExplainerTest", "-q"])
+        args = dynapatch_mod.parse_args(["test", "--quick"])
+        self.assertEqual(dynapatch_mod.pytest_args(project, args)[-1], "test")
+        self.assertIn("--ignore=test/dynamo/test_differential_fuzz.py", dynapatch_mod.pytest_args(project, args))
+
+    def test_other_commands_refuse_unknown_arguments(self):
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "build", "-k", "x"],
+                              text=True, capture_output=True)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("unrecognized arguments: -k x", proc.stderr)
+
+    def test_every_subcommand_and_option_has_help(self):
+        parser = dynapatch_mod.make_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        self.assertGreaterEqual(set(sub.choices), {"build", "test", "check", "devtree", "refresh", "apply",
+                                                   "unapply", "info", "export-prs", "upstream-tests", "rebase-check"})
+        listed = {c.dest: c.help for c in sub._choices_actions}
+        for name, command in [("dynapatch.py", parser), *sub.choices.items()]:
+            if command is not parser:
+                self.assertTrue(listed.get(name), f"{name} has no help in the command list")
+                self.assertTrue(command.description, f"{name} --help has no description")
+            for action in command._actions:
+                # export-prs belongs to another part of the toolchain; its OUTDIR help is reported there.
+                if action is not sub and (name, action.dest) != ("export-prs", "outdir"):
+                    self.assertTrue(action.help, f"{name} {action.option_strings or action.dest} has no help")
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "apply", "--help"],
+                              text=True, capture_output=True)
+        self.assertIn("--target TARGET  a pytorch checkout", " ".join(proc.stdout.split()).replace("TARGET a", "TARGET  a"))
+
+    def test_version(self):
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "--version"],
+                              text=True, capture_output=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout, r"^dynapatch\.py ([0-9a-f]{40}(\+dirty)?|unknown.*)\n")
+        self.assertIn("base torch 2.13.0: cpu (torch-2.13.0+cpu-", proc.stdout)
+        self.assertIn("cuda (torch-2.13.0-cp311", proc.stdout)
+        self.assertIn(load_base(Project.at(ROOT)).patched_version, proc.stdout)
+
+
+class InfoTest(ProjectCopyTestCase):
+    def test_info_prints_series_and_commit_from_the_wheel(self):
+        record = {"version": "2.13.0+cpu.dynapatch.1.gdeadbeef", "variant": "cpu", "base_wheel": "base.whl",
+                  "base_sha256": "b" * 64, "commit": "c" * 40, "series_sha256": "d" * 64,
+                  "patches": [{"name": "0001-x.patch", "sha256": "e" * 64}, {"name": "0002-y.patch", "sha256": "f" * 64}]}
+        wheel = self.tmp / f"torch-2.13.0+cpu.dynapatch.1.gdeadbeef-{WHEEL_TAGS}.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module(record))
+        proc = self.dynapatch("info", "--wheel", str(wheel))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout, f"""{wheel.name}
+torch 2.13.0+cpu.dynapatch.1.gdeadbeef (dynapatch, cpu variant)
+base wheel: base.whl sha256 {"b" * 64}
+dynapatch commit: {"c" * 40}
+series sha256: {"d" * 64} (2 patches)
+  {"e" * 64}  0001-x.patch
+  {"f" * 64}  0002-y.patch
+""")
+        # The module prints the same when run.
+        module = self.tmp / "dynapatch_record.py"
+        module.write_text(wheel_mod.record_module(record))
+        run = subprocess.run([sys.executable, str(module)], text=True, capture_output=True)
+        self.assertEqual(run.stdout, proc.stdout.split("\n", 1)[1])
+
+    def test_info_refuses_a_wheel_without_record(self):
+        wheel = self.tmp / f"torch-2.13.0+cpu-{WHEEL_TAGS}.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr("torch/__init__.py", "")
+        self.assertFailsWith(self.dynapatch("info", "--wheel", str(wheel)), 1, "holds no torch/_dynamo/dynapatch.py")
 
 
 class DevtreeTest(ProjectCopyTestCase):
@@ -168,17 +335,62 @@ class ApplyTest(ProjectCopyTestCase):
         pristine = CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
         target = self.tmp / "site-packages"
         shutil.copytree(pristine / "torch", target / "torch")
+        info = target / "torch-2.13.0+cpu.dist-info"
+        info.mkdir()
+        lines = [f"{p.relative_to(target)},sha256=x,1" for p in sorted((target / "torch").rglob("*.py"))]
+        (info / "RECORD").write_text("\n".join(lines) + f"\n{info.name}/RECORD,,\n")
         return target
 
-    def test_apply_then_reapply_is_refused_untouched(self):
+    def snapshot(self, root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    def test_apply_twice_says_already_applied_and_unapply_restores_exactly(self):
         target = self.make_target()
+        pristine = self.snapshot(target)
         proc = self.dynapatch("apply", "--target", str(target))
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        patched = (target / "torch/_dynamo/variables/optimizer.py").read_text()
-        self.assertIn('if name == "_init_group":', patched)
-        # A second application fails on the first hunk and leaves the tree as it was.
+        patched = self.snapshot(target)
+        self.assertIn('if name == "_init_group":', patched["torch/_dynamo/variables/optimizer.py"].decode())
+        # The files apply added are in torch's RECORD, so pip uninstall torch removes them.
+        record = (target / "torch-2.13.0+cpu.dist-info/RECORD").read_text()
+        self.assertIn("torch/_dynamo/guard_explainer.py,sha256=", record)
+        proc = self.dynapatch("apply", "--target", str(target))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("already applied", proc.stdout)
+        self.assertEqual(self.snapshot(target), patched)
+        proc = self.dynapatch("unapply", "--target", str(target))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(self.snapshot(target), pristine)
+        self.assertEqual(sorted(p for p in target.rglob("*") if p.is_dir() and not any(p.iterdir())), [])
+        self.assertFailsWith(self.dynapatch("unapply", "--target", str(target)), 1, "no record of an apply")
+
+    def test_already_applied_without_record(self):
+        target = self.make_target()
+        self.assertEqual(self.dynapatch("apply", "--target", str(target)).returncode, 0)
+        shutil.rmtree(target / ".dynapatch-apply")
+        patched = self.snapshot(target)
+        proc = self.dynapatch("apply", "--target", str(target))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("already applied", proc.stdout)
+        self.assertIn("applied without a record", proc.stdout)
+        self.assertEqual(self.snapshot(target), patched)
+
+    def test_unapply_refuses_files_changed_since_apply(self):
+        target = self.make_target()
+        self.assertEqual(self.dynapatch("apply", "--target", str(target)).returncode, 0)
+        optimizer = target / "torch/_dynamo/variables/optimizer.py"
+        optimizer.write_text(optimizer.read_text() + "# local edit\n")
+        self.assertFailsWith(self.dynapatch("unapply", "--target", str(target)), 1,
+                             "changed since apply: torch/_dynamo/variables/optimizer.py")
+        self.assertIn("# local edit", optimizer.read_text())
+
+    def test_a_failing_patch_leaves_the_target_untouched(self):
+        target = self.make_target()
+        optimizer = target / "torch/_dynamo/variables/optimizer.py"
+        optimizer.write_text(optimizer.read_text().replace(" # which will directly inline\n", " # edited\n", 1))
+        before = self.snapshot(target)
         self.assertFailsWith(self.dynapatch("apply", "--target", str(target)), 2, self.patch.name)
-        self.assertEqual((target / "torch/_dynamo/variables/optimizer.py").read_text(), patched)
+        self.assertEqual(self.snapshot(target), before)
 
     def test_apply_refuses_other_torch_version(self):
         target = self.make_target()

@@ -1,5 +1,7 @@
-"""The torch installed in .venv is the custom wheel built from this checkout."""
+"""The torch installed in .venv is the custom wheel built from this checkout, and says so."""
 
+import hashlib
+import subprocess
 import sys
 import unittest
 from pathlib import Path
@@ -16,10 +18,30 @@ from dplib.series import load_series, series_digest  # noqa: E402
 class InstalledWheelTest(unittest.TestCase):
     def test_version_label_and_series_hash(self):
         project = Project.at(ROOT)
-        spec = load_base(project)
+        spec = load_base(project, torch.version.dynapatch_variant)
         self.assertEqual(torch.__version__, spec.patched_version)
         self.assertEqual(torch.version.dynapatch_base, spec.version)
         self.assertEqual(torch.version.dynapatch_series, series_digest(project, load_series(project)))
+
+    def test_wheel_records_the_series(self):
+        from torch._dynamo import dynapatch
+
+        project = Project.at(ROOT)
+        patches = load_series(project)
+        spec = load_base(project, torch.version.dynapatch_variant)
+        record = dynapatch.RECORD
+        self.assertEqual(record["patches"], [{"name": p.name, "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest()}
+                                             for p in patches])
+        self.assertEqual((record["version"], record["variant"], record["base_sha256"], record["series_sha256"]),
+                         (torch.__version__, spec.variant, spec.sha256, torch.version.dynapatch_series))
+        self.assertRegex(record["commit"], r"^([0-9a-f]{40}(\+dirty)?|unknown.*)$")
+        proc = subprocess.run([sys.executable, "-W", "error", "-m", "torch._dynamo.dynapatch"],
+                              capture_output=True, text=True, cwd=ROOT / "test")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, "")
+        self.assertEqual(proc.stdout.splitlines()[0], f"torch {torch.__version__} (dynapatch, {spec.variant} variant)")
+        for patch in record["patches"]:
+            self.assertIn(f"  {patch['sha256']}  {patch['name']}\n", proc.stdout)
 
     def test_guard_accel_extension_imports(self):
         from torch._dynamo import _guard_accel

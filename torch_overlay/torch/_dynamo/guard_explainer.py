@@ -45,9 +45,27 @@ KIND_CATEGORY = {
     "LENGTH_CHECK": "contents",
     "SEQUENCE_LENGTH": "contents",
     "TUPLE_ITERATOR_LEN": "contents",
+    "DICT_LENGTH": "contents",
+    "MAPPING_KEYS_MATCH": "contents",
+    "SET_CONTAINS": "contents",
+    "NO_HASATTR": "contents",
+    "FLOAT_IS_NAN": "value",
+    "COMPLEX_IS_NAN": "value",
+    "RANGE_ITERATOR_MATCH": "value",
+    "FAKE_SCRIPT_TYPE_MATCH": "type",
+    "OBJECT_ALIASING": "aliasing",
+    "STORAGE_OVERLAPPING": "tensor bookkeeping",
+    "SYMBOLIC_SHAPE_GUARD": "relation",
     "GLOBAL_STATE": "global state",
     "TORCH_FUNCTION_MODE_STACK": "global state",
     "DEFAULT_DEVICE": "global state",
+}
+# Guards of no category above, in words (a summary never shows a raw class name).
+OTHER_KIND_TEXT = {
+    "TRUE_MATCH": ("check that always passes", "checks that always pass"),
+    "FALSE_MATCH": ("check that always fails", "checks that always fail"),
+    "DISPATCH_KEY_SET_MATCH": ("dispatch key set check", "dispatch key set checks"),
+    "DUAL_LEVEL_MATCH": ("forward-AD dual level check", "forward-AD dual level checks"),
 }
 # Names under which torch/_dynamo/guard_accel.py installs its native guards.
 ACCELERATED_CONTAINER_PREFIX = "___tensor_container_"
@@ -173,7 +191,19 @@ def _unlocal(text: str) -> str:
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else f"{n} {word}s"
+
+
+def _kind_text(kind: str, n: int) -> str:
+    """`n` guards of a class no category covers, in words: OTHER_KIND_TEXT, or the class
+    name spelled out (MY_NEW_MATCH -> "my new match check")."""
+    singular, plural = OTHER_KIND_TEXT.get(kind, (None, None))
+    if singular is None:
+        words = kind.lower().replace("_", " ").removesuffix(" guard")
+        singular, plural = f"{words} check", f"{words} checks"
+    return f"{n} {singular if n == 1 else plural}"
 
 
 def _describe_tensors(lines: list[GuardLine]) -> str:
@@ -184,8 +214,12 @@ def _describe_tensors(lines: list[GuardLine]) -> str:
     dtypes = collections.Counter(m["dtype"].removeprefix("torch.") for m in checks)
     dynamic = sum(m["size"].split(", ").count("None") for m in checks)
     grads = sum(1 for m in checks if m["src"].endswith(".grad"))
-    what = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
-    text = f"tensor metadata of {what} ({', '.join(f'{d}x{n}' for d, n in dtypes.most_common())}"
+    what = ", ".join(_plural(n, k) for k, n in kinds.most_common())
+    if len(dtypes) == 1:
+        dtype_text = f"dtype {next(iter(dtypes))}" if len(checks) == 1 else f"all {next(iter(dtypes))}"
+    else:
+        dtype_text = ", ".join(f"{n} {d}" for d, n in dtypes.most_common())
+    text = f"tensor metadata of {what} ({dtype_text}"
     text += f"; {grads} of them grads" if grads else ""
     text += "): dtype, device, shape, stride, requires_grad"
     text += f"; {dynamic} dynamic dims" if dynamic else "; all dims static"
@@ -254,7 +288,7 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: set[str],
         parts.append("grad mode, autocast, default device, torch function modes")
     if by_category.get("other"):
         kinds = collections.Counter(line.kind for line in by_category["other"])
-        parts.append(", ".join(f"{n} {k}" for k, n in kinds.most_common()))
+        parts.append(", ".join(_kind_text(k, n) for k, n in kinds.most_common()))
     features = sorted({m.group(1) for line in lines if (m := _FEATURE_SPEC.search(line.comment))})
     if accelerated:
         features.append("accelerated container guard")
@@ -457,6 +491,8 @@ def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
     shown only where that takes no user-defined __repr__, __len__, __getattr__,
     property or __getitem__ (see _resolve and _safe_repr)."""
     reason = reason.split(": ", 1)[1] if re.match(r"\d+/\d+: ", reason) else reason
+    if reason.startswith("Cache line invalidated"):
+        return None  # an object the entry referenced died: no guard failed, the reason says it all
     tensor = _TENSOR_FAILURE.search(reason)
     if tensor:
         src = tensor["src"]
@@ -505,8 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import runpy
 
-    parser = argparse.ArgumentParser(prog="python -m torch._dynamo.guard_explainer", description=__doc__)
-    parser.add_argument("script")
+    parser = argparse.ArgumentParser(prog="python -m torch._dynamo.guard_explainer",
+                                     description=(__doc__ or "").replace("``", ""),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("script", help="the Python script to run (further arguments are passed to it)")
     parser.add_argument("--full", action="store_true", help="also print every raw guard line")
     args, rest = parser.parse_known_args(argv)
     sys.argv = [args.script, *rest]
