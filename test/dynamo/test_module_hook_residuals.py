@@ -279,6 +279,44 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual((got_frames, got_breaks), (frames, breaks))
         self.assertEqual(dict(counters["unimplemented"]), {})
 
+    @parametrize("case", list(CASES))
+    def test_matches_eager_recursive_dict_tags(self, case):
+        # With recursive dict tags, a module whose guard subtree is tag safe is
+        # skipped while its dicts' tags are unchanged. An empty hook dict had no
+        # node whose tag is recorded, so its length guard was skipped and the
+        # code traced without the new hook kept running.
+        fn, remove_after, frames, breaks = CASES[case]
+        expected = run_protocol(fn, remove_after)
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+            seen, got_frames, got_breaks = run_compiled(fn, "eager", remove_after)
+        self.assertEqual(seen, expected)
+        self.assertEqual((got_frames, got_breaks), (frames, breaks))
+        self.assertEqual(dict(counters["unimplemented"]), {})
+
+    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
+    def test_empty_dict_attribute_recursive_dict_tags(self):
+        # The same gap without any hook: a module iterating an empty dict
+        # attribute kept the code traced for the empty dict after an insert.
+        class Cache(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(3, 3)
+                self.extra = {}
+
+            def forward(self, x):
+                y = self.lin(x)
+                for key in self.extra:
+                    y = y + self.extra[key]
+                return y
+
+        cnt = CompileCounter()
+        m, x = Cache(), torch.randn(2, 3)
+        compiled = torch.compile(m, backend=cnt)
+        self.assertEqual(compiled(x), m(x))
+        m.extra["a"] = 1.0
+        self.assertEqual(compiled(x), m(x))
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_handle_is_real(self):
         # The handle is the one register_forward_hook returned at runtime.
         cnt = CompileCounter()
