@@ -305,7 +305,9 @@ def used_in_graph(tensor_node: torch.fx.Node) -> bool:
     # register_hook_op returns its input: the nodes before and after it are the
     # same tensor, and it is not a use.
     while tensor_node.meta.get(HOOK_REGISTRATION):
-        tensor_node = tensor_node.args[0]  # type: ignore[assignment]
+        hooked = tensor_node.args[0]
+        assert isinstance(hooked, torch.fx.Node)
+        tensor_node = hooked
     pending = [tensor_node]
     while pending:
         for user in pending.pop().users:
@@ -352,7 +354,7 @@ class BackwardStateHookHandle(RemovableHandle):
         setattr(self.bw_state, self.hook_name, None)
 
 
-class _BackwardStateHooks(dict):  # type: ignore[type-arg]
+class _BackwardStateHooks(dict[int, str]):
     # RemovableHandle keeps a weakref to its hooks dict; a plain dict has none.
     pass
 

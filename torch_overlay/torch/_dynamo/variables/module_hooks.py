@@ -185,14 +185,6 @@ def register_residual(
     )
 
 
-def _eager_sites(tx: "InstructionTranslatorBase") -> set[tuple[Any, ...]]:
-    # Registration sites that graph-break, kept across restarts of the trace.
-    log = tx.speculation_log
-    if not hasattr(log, "module_hook_eager_sites"):
-        log.module_hook_eager_sites = set()  # type: ignore[attr-defined]
-    return log.module_hook_eager_sites  # type: ignore[attr-defined]
-
-
 def _restart_with_eager_registration(
     tx: "InstructionTranslatorBase",
     pending: list[PendingModuleHook | None],
@@ -201,7 +193,7 @@ def _restart_with_eager_registration(
     """The frame reads state only a real registration has (the handle's id,
     the module's hook dicts outside Module.__call__): trace again, and break
     the graph at these registrations instead, so that they run eagerly."""
-    sites = _eager_sites(tx)
+    sites = tx.speculation_log.module_hook_eager_sites
     new = {p.site for p in pending if p is not None} - sites
     if not new:
         unimplemented(
@@ -219,14 +211,6 @@ def _restart_with_eager_registration(
     # The graph break changes which instructions are traced: rediscover them.
     tx.speculation_log.clear()
     raise RestartAnalysis(restart_reason=f"nn.Module hook registration: {what}")
-
-
-def _dicts_read(tx: "InstructionTranslatorBase") -> set[int]:
-    # Modules whose hook dicts this trace read (conservative across rollbacks).
-    output = tx.output
-    if not hasattr(output, "_module_hook_dicts_read"):
-        output._module_hook_dicts_read = set()  # type: ignore[attr-defined]
-    return output._module_hook_dicts_read  # type: ignore[attr-defined]
 
 
 def _guard_hook_dicts(module: "UnspecializedNNModuleVariable", kind: str) -> None:
@@ -277,7 +261,7 @@ def maybe_register(
             hints=[*graph_break_hints.SUPPORTABLE],
         )
     site = call_site(tx)
-    if site in _eager_sites(tx):
+    if site in tx.speculation_log.module_hook_eager_sites:
         unimplemented(
             gb_type="nn.Module hook registration whose hooks or handle are read in the frame",
             context=f"{module.source.name}.{fn.__name__}",
@@ -307,7 +291,7 @@ def maybe_register(
     pending = PendingModuleHook(module, args[0], kind, flags, handle, site)
     handle.pending = pending
     tx.output.side_effects.module_hook_registrations.append(pending)
-    if id(module.value) in _dicts_read(tx):
+    if id(module.value) in tx.output.module_hook_dicts_read:
         # The module was called earlier in the frame: the code traced there
         # assumes the hooks it had, which this registration changes.
         _guard_hook_dicts(module, kind)
@@ -323,19 +307,19 @@ def counting_hooks(tx: "InstructionTranslatorBase") -> Iterator[None]:
     pending registration must count there, and it cannot leak a placeholder id.
     """
     output = tx.output
-    saved = getattr(output, "_counting_module_hooks", False)
-    output._counting_module_hooks = True  # type: ignore[attr-defined]
+    saved = output.counting_module_hooks
+    output.counting_module_hooks = True
     try:
         yield
     finally:
-        output._counting_module_hooks = saved  # type: ignore[attr-defined]
+        output.counting_module_hooks = saved
 
 
 def _allowed_reader(tx: "InstructionTranslatorBase") -> bool:
     code = tx.f_code
     if (code.co_filename, code.co_name) in _ALLOWED_READERS:
         return True
-    return getattr(tx.output, "_counting_module_hooks", False)
+    return tx.output.counting_module_hooks
 
 
 def hooks_dict(
@@ -344,7 +328,7 @@ def hooks_dict(
     name: str,
 ) -> VariableTracker | None:
     """A module hook dict read while tracing; None: read it as stock does."""
-    _dicts_read(tx).add(id(module.value))
+    tx.output.module_hook_dicts_read.add(id(module.value))
     pending = [
         p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]
     ]
