@@ -161,7 +161,7 @@ CASES = {
     # Not called in the frame: no guard, one frame however many hooks stack up.
     "returned_handle": (returned_handle, False, 1, 0),
     "handle_on_attribute": (handle_on_attribute, False, 1, 0),
-    # m.handles grows by two per call: its length is guarded (stock).
+    # m.handles grows by two per call: its length is guarded (as without this patch).
     "handle_in_list": (handle_in_list, False, 3, 0),
     "handle_in_list_removed_later": (handle_in_list, True, 1, 0),
     "returned_handle_removed_later": (returned_handle, True, 1, 0),
@@ -371,7 +371,7 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         )
 
     def test_later_call_recompiles_with_hooks(self):
-        # Stock Dynamo skips the guard on an empty module hook dict: a frame
+        # Dynamo skips the guard on an empty module hook dict: a frame
         # that added a hook and calls the module must not keep running the code
         # traced without it.
         cnt = CompileCounter()
@@ -452,9 +452,9 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
                 run_protocol(torch.compile(fn, backend="inductor"), True), expected
             )
 
-    def test_config_off_keeps_stock_behaviour(self):
-        # Stock: graph break at RemovableHandle.next_id += 1. (With
-        # nested_graph_breaks=True stock Dynamo replaces the module's
+    def test_config_off_keeps_behaviour_without_this_patch(self):
+        # Without this patch: graph break at RemovableHandle.next_id += 1.
+        # (With nested_graph_breaks=True Dynamo then replaces the module's
         # _forward_hooks OrderedDict by a dict at that break: TypeError.)
         with torch._dynamo.config.patch(
             module_hook_residuals=False, nested_graph_breaks=False

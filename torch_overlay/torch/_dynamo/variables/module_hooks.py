@@ -4,7 +4,7 @@ nn.Module forward and forward-pre hooks registered inside a compiled frame.
 ``Module.register_forward_hook`` / ``register_forward_pre_hook`` create a
 ``RemovableHandle``, whose constructor increments the class attribute
 ``RemovableHandle.next_id``, and store the hook in the module's hook dicts under
-that id. Stock Dynamo inlines the method and breaks the graph at the class
+that id. Without this, Dynamo inlines the method and breaks the graph at the class
 attribute mutation. Here (``config.module_hook_residuals``) a registration on a
 module with a source is a residual side effect, like ``Tensor.register_hook`` on
 an input (see [On tensor.register_hook] in side_effects.py):
@@ -42,7 +42,7 @@ an input (see [On tensor.register_hook] in side_effects.py):
   (``_call_impl`` does not run always-called hooks on an exception when
   compiling) and is passed on to the real registration.
 
-Guards. Stock Dynamo skips the guard on an *empty* module hook dict
+Guards. Dynamo skips the guard on an *empty* module hook dict
 (``config.skip_nnmodule_hook_guards``), so code traced while a module had no
 hooks keeps running after hooks are added. A frame that registers a hook on a
 module and also calls it (before or after registering) would then be wrong from
@@ -51,7 +51,7 @@ module the length of the hook dicts the registration changes is guarded for
 real (``SEQUENCE_LENGTH``): the next call recompiles with the hooks the module
 has by then, like eager, which stacks one more hook per call. A frame that
 registers without calling the module installs no guard. Code compiled by other
-frames before the hook was added keeps the stock behaviour.
+frames before the hook was added is unchanged.
 """
 
 import contextlib
@@ -239,7 +239,7 @@ def maybe_register(
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
-    """Record a forward (pre-)hook registration; None: trace it as stock does."""
+    """Record a forward (pre-)hook registration; None: trace the method as usual."""
     from .. import config
 
     kind, accepted = REGISTER_METHODS[fn]
@@ -327,7 +327,7 @@ def hooks_dict(
     module: "UnspecializedNNModuleVariable",
     name: str,
 ) -> VariableTracker | None:
-    """A module hook dict read while tracing; None: read it as stock does."""
+    """A module hook dict read while tracing; None: read it as usual."""
     tx.output.module_hook_dicts_read.add(id(module.value))
     pending = [
         p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]
