@@ -66,18 +66,17 @@ from .. import graph_break_hints
 from ..bytecode_transformation import create_call_function
 from ..exc import RestartAnalysis, unimplemented
 from ..guards import GuardBuilder, install_guard
-from ..source import AttrSource, ConstDictKeySource, DictGetItemSource
-from ..utils import enumerate_items_with_dict_position
+from ..source import AttrSource
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
 from .hooks import call_site
-from .lazy import LazyVariableTracker
 from .user_defined import RemovableHandleVariable
 
 
 if TYPE_CHECKING:
     from ..codegen import PyCodegen
     from ..symbolic_convert import InstructionTranslatorBase
+    from .dicts import ConstDictVariable
     from .nn_module import UnspecializedNNModuleVariable
 
 
@@ -322,33 +321,40 @@ def _allowed_reader(tx: "InstructionTranslatorBase") -> bool:
     return tx.output.counting_module_hooks
 
 
-def hooks_dict(
+def pending_in_dict(
     tx: "InstructionTranslatorBase",
     module: "UnspecializedNNModuleVariable",
     name: str,
-) -> VariableTracker | None:
-    """A module hook dict read while tracing; None: read it as usual."""
+) -> list[PendingModuleHook]:
+    """Registrations pending in this frame that a read of the module's hook dict
+    ``name`` must see (with_pending adds them); [] if there are none."""
+    if module.source is None:
+        return []
     tx.output.module_hook_dicts_read.add(id(module.value))
-    pending = [
-        p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]
-    ]
+    pending = [p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]]
     if not pending:
-        return None
-    if not _allowed_reader(tx):
+        return []
+    if not _allowed_reader(tx) or tx.output.side_effects.has_pending_mutation_of_attr(
+        module, name
+    ):
         _restart_with_eager_registration(
             tx, list(pending), f"{module.source.name}.{name}"
         )
-    real = getattr(module.value, name)
-    source = AttrSource(module.source, name)
     for kind in {p.kind for p in pending}:
         _guard_hook_dicts(module, kind)
-    tx.output.guard_on_key_order.add(source)
-    items: dict[Any, VariableTracker] = {}
-    for i, key, value in enumerate_items_with_dict_position(real):
-        item_source = DictGetItemSource(source, ConstDictKeySource(source, i))
-        items[VariableTracker.build(tx, key)] = LazyVariableTracker.create(
-            value, item_source, tx=tx
-        )
+    return pending
+
+
+def with_pending(
+    hooks_vt: "ConstDictVariable", name: str, pending: list[PendingModuleHook]
+) -> "ConstDictVariable":
+    """The hook dict as Module._call_impl must see it: the module's real hooks
+    (hooks_vt, as UnspecializedNNModuleVariable.var_getattr builds it) with the
+    pending ones added under their placeholder ids. It has no source: it is not
+    the real dict."""
+    if not pending:
+        return hooks_vt
+    items = dict(hooks_vt.items)
     is_main = all(name == HOOK_DICTS[p.kind][0] for p in pending)
     for p in pending:
         if is_main:
@@ -361,9 +367,7 @@ def hooks_dict(
             items = {**entry, **items}
         else:
             items.update(entry)
-    from .dicts import ConstDictVariable
-
-    return ConstDictVariable(items, type(real))
+    return hooks_vt.clone(items=items, source=None)
 
 
 def codegen_registrations(
