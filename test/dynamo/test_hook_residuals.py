@@ -656,7 +656,7 @@ REMOVAL_EXPECTED = {
     "state_dict_pre_hook": in_every_mode(1, {READS: 1}),
     "state_dict_post_hook": in_every_mode(1, {READS: 1}),
     "state_dict_hook_private": in_every_mode(1, {READS: 1}),
-    # load_state_dict breaks the graph and runs a frame eagerly (as stock)
+    # load_state_dict breaks the graph and runs a frame eagerly (as without this patch)
     # before it reads the post hooks, not before the pre hooks.
     "load_state_dict_pre_hook": in_every_mode(
         1,
@@ -678,7 +678,7 @@ REMOVAL_EXPECTED = {
     "optimizer_step_post_hook": in_every_mode(3, {USER_BREAK: 1}),
     "global_optimizer_step_pre_hook": in_every_mode(3, {READS: 1, USER_BREAK: 1}),
     "global_optimizer_step_post_hook": in_every_mode(3, {USER_BREAK: 1}),
-    # Optimizer.state_dict / load_state_dict are not traced (as stock).
+    # Optimizer.state_dict / load_state_dict are not traced (as without this patch).
     **{
         kind: in_every_mode(1, {"Attempted to inline function marked as skipped": 1})
         for kind in (
@@ -1048,7 +1048,7 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(len(lin._state_dict_pre_hooks), 0)
         self.assertEqual(cnt.frame_count, 1)
 
-    def test_config_off_keeps_stock_behaviour(self):
+    def test_config_off_keeps_behaviour_without_this_patch(self):
         x = torch.randn(2, 3, requires_grad=True)
         with torch._dynamo.config.patch(hook_residuals=False):
             torch._dynamo.reset()

@@ -161,7 +161,7 @@ CASES = {
     # Not called in the frame: no guard, one frame however many hooks stack up.
     "returned_handle": (returned_handle, False, 1, 0),
     "handle_on_attribute": (handle_on_attribute, False, 1, 0),
-    # m.handles grows by two per call: its length is guarded (stock).
+    # m.handles grows by two per call: its length is guarded (as without this patch).
     "handle_in_list": (handle_in_list, False, 3, 0),
     "handle_in_list_removed_later": (handle_in_list, True, 1, 0),
     "returned_handle_removed_later": (returned_handle, True, 1, 0),
@@ -279,6 +279,44 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual((got_frames, got_breaks), (frames, breaks))
         self.assertEqual(dict(counters["unimplemented"]), {})
 
+    @parametrize("case", list(CASES))
+    def test_matches_eager_recursive_dict_tags(self, case):
+        # With recursive dict tags, a module whose guard subtree is tag safe is
+        # skipped while its dicts' tags are unchanged. An empty hook dict had no
+        # node whose tag is recorded, so its length guard was skipped and the
+        # code traced without the new hook kept running.
+        fn, remove_after, frames, breaks = CASES[case]
+        expected = run_protocol(fn, remove_after)
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+            seen, got_frames, got_breaks = run_compiled(fn, "eager", remove_after)
+        self.assertEqual(seen, expected)
+        self.assertEqual((got_frames, got_breaks), (frames, breaks))
+        self.assertEqual(dict(counters["unimplemented"]), {})
+
+    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
+    def test_empty_dict_attribute_recursive_dict_tags(self):
+        # The same gap without any hook: a module iterating an empty dict
+        # attribute kept the code traced for the empty dict after an insert.
+        class Cache(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(3, 3)
+                self.extra = {}
+
+            def forward(self, x):
+                y = self.lin(x)
+                for key in self.extra:
+                    y = y + self.extra[key]
+                return y
+
+        cnt = CompileCounter()
+        m, x = Cache(), torch.randn(2, 3)
+        compiled = torch.compile(m, backend=cnt)
+        self.assertEqual(compiled(x), m(x))
+        m.extra["a"] = 1.0
+        self.assertEqual(compiled(x), m(x))
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_handle_is_real(self):
         # The handle is the one register_forward_hook returned at runtime.
         cnt = CompileCounter()
@@ -333,7 +371,7 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         )
 
     def test_later_call_recompiles_with_hooks(self):
-        # Stock Dynamo skips the guard on an empty module hook dict: a frame
+        # Dynamo skips the guard on an empty module hook dict: a frame
         # that added a hook and calls the module must not keep running the code
         # traced without it.
         cnt = CompileCounter()
@@ -414,9 +452,9 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
                 run_protocol(torch.compile(fn, backend="inductor"), True), expected
             )
 
-    def test_config_off_keeps_stock_behaviour(self):
-        # Stock: graph break at RemovableHandle.next_id += 1. (With
-        # nested_graph_breaks=True stock Dynamo replaces the module's
+    def test_config_off_keeps_behaviour_without_this_patch(self):
+        # Without this patch: graph break at RemovableHandle.next_id += 1.
+        # (With nested_graph_breaks=True Dynamo then replaces the module's
         # _forward_hooks OrderedDict by a dict at that break: TypeError.)
         with torch._dynamo.config.patch(
             module_hook_residuals=False, nested_graph_breaks=False

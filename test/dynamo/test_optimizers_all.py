@@ -121,6 +121,41 @@ class AllOptimizersTests(torch._dynamo.test_case.TestCase):
                         self.assertLessEqual(cnt.frame_count, FRAMES_WITHOUT_PATCH[name])
                         self.assertLessEqual(sum(counters["graph_break"].values()), GRAPH_BREAKS_WITHOUT_PATCH)
 
+    def test_user_init_values_once_on_init_group_changes_nothing(self):
+        # OptimizerVariable runs _init_group with the optimizer's own guards, which
+        # cover its whole state; an init_values_once(guards=...) decorator on a
+        # subclass's _init_group is not used (it names fewer inputs than
+        # _init_group depends on). The step compiles as for SGD itself.
+        class DecoratedSGD(torch.optim.SGD):
+            @torch._dynamo.init_values_once(guards=["self.param_groups"])
+            def _init_group(self, group, params, grads, momentum_buffer_list):
+                return super()._init_group(group, params, grads, momentum_buffer_list)
+
+        def run(cls, compiled):
+            torch._dynamo.reset()
+            counters.clear()
+            params = make_params()
+            opt = cls(params, lr=0.1, momentum=0.9)
+            guards = []
+            cnt = CompileCounterWithBackend("eager")
+            step = opt.step
+            if compiled:
+                step = torch._dynamo.optimize(cnt, guard_export_fn=guards.extend)(step)
+            for i in range(4):
+                set_grads(params, i)
+                step()
+            return opt, params, cnt.frame_count, dict(counters["graph_break"]), guards
+
+        eager, eager_params, *_ = run(torch.optim.SGD, False)
+        _, _, frames, breaks, guards = run(torch.optim.SGD, True)
+        opt, params, user_frames, user_breaks, user_guards = run(DecoratedSGD, True)
+        self.check_step(eager, opt, eager_params, params, True, 3)
+        self.assertEqual((user_frames, user_breaks), (frames, breaks))
+        self.assertEqual(len(user_guards), len(guards))
+        self.assertEqual(
+            [g for g in user_guards if "init_values_once[" in str(g.user_stack)], []
+        )
+
     def test_add_param_group(self):
         # Frames after each of the 8 steps, measured as above without this patch: the
         # new group (added before step 3) recompiles once; SGD also stores momentum

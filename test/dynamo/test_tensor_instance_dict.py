@@ -30,7 +30,7 @@ class TensorInstanceDictTests(torch._dynamo.test_case.TestCase):
         self.assertEqual([has_instance_dict(x) for x in xs[:10]], [False] * 10)
 
     @torch._dynamo.config.patch(avoid_tensor_instance_dicts=False)
-    def test_switch_off_keeps_stock_behaviour(self):
+    def test_switch_off_keeps_behaviour_without_this_patch(self):
         xs = [torch.randn(4) for _ in range(3)]
         torch.compile(add_one, backend=CompileCounter())(xs)
         self.assertEqual([has_instance_dict(x) for x in xs], [True] * 3)
@@ -50,7 +50,7 @@ class TensorInstanceDictTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(metas, [{"tag": "activation"}])
 
     def test_marking_after_compile_still_recompiles(self):
-        # The dimension-marking guards (stock and native) must see an instance dict
+        # The dimension-marking guards (Dynamo's and native) must see an instance dict
         # created after the compile.
         for native in (False, True):
             torch._dynamo.reset()

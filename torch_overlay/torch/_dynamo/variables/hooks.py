@@ -1,8 +1,8 @@
 """
 Tensor hook handles that enter or leave a compiled frame.
 
-Stock Dynamo keeps a ``register_hook`` handle only when the hooked tensor has a
-source: the registration is replayed by residual bytecode (see
+Without hook residuals, Dynamo keeps a ``register_hook`` handle only when the
+hooked tensor has a source: the registration is replayed by residual bytecode (see
 [On tensor.register_hook] in side_effects.py) and the handle is the value that
 call returns. Two kinds of handles had no representation and made the whole
 frame run eagerly, or crash:
@@ -20,7 +20,7 @@ frame run eagerly, or crash:
   read happens in the frame (see [Deferred removals] below); otherwise it
   runs eagerly at a graph break.
 
-* Handles of hooks on intermediates, which stock Dynamo traces into the graph
+* Handles of hooks on intermediates, which Dynamo otherwise traces into the graph
   (``register_hook_op``, or the compiled-autograd trampoline) with no runtime
   handle. Here a hook on an intermediate is first registered like one on an
   input: by residual bytecode on the tensor, which becomes a graph output, and
@@ -33,7 +33,7 @@ frame run eagerly, or crash:
   with a decision for each (by ordinal in the trace, kept in the
   SpeculationLog):
 
-  - TRACE: stock behaviour, the hook is traced into the graph. Its handle is a
+  - TRACE: as without hook residuals, the hook is traced into the graph. Its handle is a
     ``TracedHookHandleVariable``. Under compiled autograd the hook is called
     from the frame's BackwardState, so an escaping handle is a real
     ``BackwardStateHookHandle`` whose ``remove()`` clears it there. Otherwise
@@ -261,7 +261,7 @@ def next_hook_decision(
     tx: "InstructionTranslatorBase",
 ) -> tuple[int | None, str | None]:
     """(ordinal, decision) of a register_hook on an intermediate; ordinal None
-    means stock behaviour (inside a subgraph there is no graph output to use)."""
+    means tracing the hook as without hook residuals (inside a subgraph there is no graph output to use)."""
     if tx.output.current_tracer.parent is not None:
         return None, TRACE
     log = tx.speculation_log
@@ -305,7 +305,9 @@ def used_in_graph(tensor_node: torch.fx.Node) -> bool:
     # register_hook_op returns its input: the nodes before and after it are the
     # same tensor, and it is not a use.
     while tensor_node.meta.get(HOOK_REGISTRATION):
-        tensor_node = tensor_node.args[0]  # type: ignore[assignment]
+        hooked = tensor_node.args[0]
+        assert isinstance(hooked, torch.fx.Node)
+        tensor_node = hooked
     pending = [tensor_node]
     while pending:
         for user in pending.pop().users:
@@ -352,7 +354,7 @@ class BackwardStateHookHandle(RemovableHandle):
         setattr(self.bw_state, self.hook_name, None)
 
 
-class _BackwardStateHooks(dict):  # type: ignore[type-arg]
+class _BackwardStateHooks(dict[int, str]):
     # RemovableHandle keeps a weakref to its hooks dict; a plain dict has none.
     pass
 

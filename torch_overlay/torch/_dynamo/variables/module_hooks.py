@@ -4,7 +4,7 @@ nn.Module forward and forward-pre hooks registered inside a compiled frame.
 ``Module.register_forward_hook`` / ``register_forward_pre_hook`` create a
 ``RemovableHandle``, whose constructor increments the class attribute
 ``RemovableHandle.next_id``, and store the hook in the module's hook dicts under
-that id. Stock Dynamo inlines the method and breaks the graph at the class
+that id. Without this, Dynamo inlines the method and breaks the graph at the class
 attribute mutation. Here (``config.module_hook_residuals``) a registration on a
 module with a source is a residual side effect, like ``Tensor.register_hook`` on
 an input (see [On tensor.register_hook] in side_effects.py):
@@ -42,7 +42,7 @@ an input (see [On tensor.register_hook] in side_effects.py):
   (``_call_impl`` does not run always-called hooks on an exception when
   compiling) and is passed on to the real registration.
 
-Guards. Stock Dynamo skips the guard on an *empty* module hook dict
+Guards. Dynamo skips the guard on an *empty* module hook dict
 (``config.skip_nnmodule_hook_guards``), so code traced while a module had no
 hooks keeps running after hooks are added. A frame that registers a hook on a
 module and also calls it (before or after registering) would then be wrong from
@@ -51,7 +51,7 @@ module the length of the hook dicts the registration changes is guarded for
 real (``SEQUENCE_LENGTH``): the next call recompiles with the hooks the module
 has by then, like eager, which stacks one more hook per call. A frame that
 registers without calling the module installs no guard. Code compiled by other
-frames before the hook was added keeps the stock behaviour.
+frames before the hook was added is unchanged.
 """
 
 import contextlib
@@ -66,18 +66,17 @@ from .. import graph_break_hints
 from ..bytecode_transformation import create_call_function
 from ..exc import RestartAnalysis, unimplemented
 from ..guards import GuardBuilder, install_guard
-from ..source import AttrSource, ConstDictKeySource, DictGetItemSource
-from ..utils import enumerate_items_with_dict_position
+from ..source import AttrSource
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
 from .hooks import call_site
-from .lazy import LazyVariableTracker
 from .user_defined import RemovableHandleVariable
 
 
 if TYPE_CHECKING:
     from ..codegen import PyCodegen
     from ..symbolic_convert import InstructionTranslatorBase
+    from .dicts import ConstDictVariable
     from .nn_module import UnspecializedNNModuleVariable
 
 
@@ -185,14 +184,6 @@ def register_residual(
     )
 
 
-def _eager_sites(tx: "InstructionTranslatorBase") -> set[tuple[Any, ...]]:
-    # Registration sites that graph-break, kept across restarts of the trace.
-    log = tx.speculation_log
-    if not hasattr(log, "module_hook_eager_sites"):
-        log.module_hook_eager_sites = set()  # type: ignore[attr-defined]
-    return log.module_hook_eager_sites  # type: ignore[attr-defined]
-
-
 def _restart_with_eager_registration(
     tx: "InstructionTranslatorBase",
     pending: list[PendingModuleHook | None],
@@ -201,7 +192,7 @@ def _restart_with_eager_registration(
     """The frame reads state only a real registration has (the handle's id,
     the module's hook dicts outside Module.__call__): trace again, and break
     the graph at these registrations instead, so that they run eagerly."""
-    sites = _eager_sites(tx)
+    sites = tx.speculation_log.module_hook_eager_sites
     new = {p.site for p in pending if p is not None} - sites
     if not new:
         unimplemented(
@@ -219,14 +210,6 @@ def _restart_with_eager_registration(
     # The graph break changes which instructions are traced: rediscover them.
     tx.speculation_log.clear()
     raise RestartAnalysis(restart_reason=f"nn.Module hook registration: {what}")
-
-
-def _dicts_read(tx: "InstructionTranslatorBase") -> set[int]:
-    # Modules whose hook dicts this trace read (conservative across rollbacks).
-    output = tx.output
-    if not hasattr(output, "_module_hook_dicts_read"):
-        output._module_hook_dicts_read = set()  # type: ignore[attr-defined]
-    return output._module_hook_dicts_read  # type: ignore[attr-defined]
 
 
 def _guard_hook_dicts(module: "UnspecializedNNModuleVariable", kind: str) -> None:
@@ -255,7 +238,7 @@ def maybe_register(
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
-    """Record a forward (pre-)hook registration; None: trace it as stock does."""
+    """Record a forward (pre-)hook registration; None: trace the method as usual."""
     from .. import config
 
     kind, accepted = REGISTER_METHODS[fn]
@@ -277,7 +260,7 @@ def maybe_register(
             hints=[*graph_break_hints.SUPPORTABLE],
         )
     site = call_site(tx)
-    if site in _eager_sites(tx):
+    if site in tx.speculation_log.module_hook_eager_sites:
         unimplemented(
             gb_type="nn.Module hook registration whose hooks or handle are read in the frame",
             context=f"{module.source.name}.{fn.__name__}",
@@ -307,7 +290,7 @@ def maybe_register(
     pending = PendingModuleHook(module, args[0], kind, flags, handle, site)
     handle.pending = pending
     tx.output.side_effects.module_hook_registrations.append(pending)
-    if id(module.value) in _dicts_read(tx):
+    if id(module.value) in tx.output.module_hook_dicts_read:
         # The module was called earlier in the frame: the code traced there
         # assumes the hooks it had, which this registration changes.
         _guard_hook_dicts(module, kind)
@@ -323,48 +306,55 @@ def counting_hooks(tx: "InstructionTranslatorBase") -> Iterator[None]:
     pending registration must count there, and it cannot leak a placeholder id.
     """
     output = tx.output
-    saved = getattr(output, "_counting_module_hooks", False)
-    output._counting_module_hooks = True  # type: ignore[attr-defined]
+    saved = output.counting_module_hooks
+    output.counting_module_hooks = True
     try:
         yield
     finally:
-        output._counting_module_hooks = saved  # type: ignore[attr-defined]
+        output.counting_module_hooks = saved
 
 
 def _allowed_reader(tx: "InstructionTranslatorBase") -> bool:
     code = tx.f_code
     if (code.co_filename, code.co_name) in _ALLOWED_READERS:
         return True
-    return getattr(tx.output, "_counting_module_hooks", False)
+    return tx.output.counting_module_hooks
 
 
-def hooks_dict(
+def pending_in_dict(
     tx: "InstructionTranslatorBase",
     module: "UnspecializedNNModuleVariable",
     name: str,
-) -> VariableTracker | None:
-    """A module hook dict read while tracing; None: read it as stock does."""
-    _dicts_read(tx).add(id(module.value))
-    pending = [
-        p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]
-    ]
+) -> list[PendingModuleHook]:
+    """Registrations pending in this frame that a read of the module's hook dict
+    ``name`` must see (with_pending adds them); [] if there are none."""
+    if module.source is None:
+        return []
+    tx.output.module_hook_dicts_read.add(id(module.value))
+    pending = [p for p in _pending_for(tx, module) if name in HOOK_DICTS[p.kind]]
     if not pending:
-        return None
-    if not _allowed_reader(tx):
+        return []
+    if not _allowed_reader(tx) or tx.output.side_effects.has_pending_mutation_of_attr(
+        module, name
+    ):
         _restart_with_eager_registration(
             tx, list(pending), f"{module.source.name}.{name}"
         )
-    real = getattr(module.value, name)
-    source = AttrSource(module.source, name)
     for kind in {p.kind for p in pending}:
         _guard_hook_dicts(module, kind)
-    tx.output.guard_on_key_order.add(source)
-    items: dict[Any, VariableTracker] = {}
-    for i, key, value in enumerate_items_with_dict_position(real):
-        item_source = DictGetItemSource(source, ConstDictKeySource(source, i))
-        items[VariableTracker.build(tx, key)] = LazyVariableTracker.create(
-            value, item_source, tx=tx
-        )
+    return pending
+
+
+def with_pending(
+    hooks_vt: "ConstDictVariable", name: str, pending: list[PendingModuleHook]
+) -> "ConstDictVariable":
+    """The hook dict as Module._call_impl must see it: the module's real hooks
+    (hooks_vt, as UnspecializedNNModuleVariable.var_getattr builds it) with the
+    pending ones added under their placeholder ids. It has no source: it is not
+    the real dict."""
+    if not pending:
+        return hooks_vt
+    items = dict(hooks_vt.items)
     is_main = all(name == HOOK_DICTS[p.kind][0] for p in pending)
     for p in pending:
         if is_main:
@@ -377,9 +367,7 @@ def hooks_dict(
             items = {**entry, **items}
         else:
             items.update(entry)
-    from .dicts import ConstDictVariable
-
-    return ConstDictVariable(items, type(real))
+    return hooks_vt.clone(items=items, source=None)
 
 
 def codegen_registrations(
