@@ -253,7 +253,7 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
             eager, compiled, step, cnt = self.make_pair()
             for i in range(3):
                 self.run_step(eager, compiled, step, i)
-        # Stock behaviour: fresh grads fail identity guards on every step.
+        # Without this patch: fresh grads fail identity guards on every step.
         self.assertEqual(cnt.frame_count, 3)
 
     def test_torch_optim_init_group_runs_once_at_trace_time(self):
@@ -275,7 +275,7 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(len(calls), 2)
 
     def test_torch_optim_frames_unchanged(self):
-        # Frame and graph-break counts measured on stock torch 2.13 with this loop.
+        # Frame and graph-break counts measured on torch 2.13 without this patch series, with this loop.
         expected = {"SGD": (2, 1), "Adam": (1, 1), "AdamW": (1, 1)}
         for name, kwargs in (("SGD", {"lr": 0.1, "momentum": 0.9}), ("Adam", {"lr": 0.01}), ("AdamW", {"lr": 0.01})):
             with self.subTest(name):
@@ -770,7 +770,7 @@ class InitValuesOnceGuardCoverageTests(torch._dynamo.test_case.TestCase):
     """Every guarded input is guarded on its pytree structure and on the grad
     presence of each of its tensors, however the tensor is reached."""
 
-    # 2: stock guards; 9: tensor containers large enough for native guards
+    # 2: Dynamo's per-tensor guards; 9: tensor containers large enough for native guards
     # (torch._dynamo.guard_accel), where the series has them.
     SIZES = (2, 9)
 
@@ -987,7 +987,7 @@ class InitValuesOnceGuardCoverageTests(torch._dynamo.test_case.TestCase):
             with self.subTest(n=n):
                 torch._dynamo.reset()
                 guard_failures.clear()
-                # The reason names the second inner dict (stock guards or native).
+                # The reason names the second inner dict (per-tensor guards or native).
                 self.check_structure_change(
                     lambda: State(n), add_inner_key, fn, "holder.state[list(dict.keys(holder.state))[1]]"
                 )

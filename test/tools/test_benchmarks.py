@@ -36,6 +36,23 @@ class BenchSkipGuardTest(unittest.TestCase):
         self.assertIn("first compile a/b", out)
 
 
+class BenchOptimizerStepTest(unittest.TestCase):
+    def test_every_step_runs_and_splits_the_call(self):
+        out = run_script(
+            "bench_optimizer_step.py", "--no-stock", "--sizes", "12", "--steps", "3",
+            "--rounds", "1", "--calls", "1",
+        )
+        # | N | step | side | 1st compile | all compiles | frames | call | eager | ratio | 4 splits |
+        rows = re.findall(r"^\|\s+12 \| (\w+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?) \|", out, re.MULTILINE)
+        # torch.optim.SGD compiles twice (its first step has no momentum buffers); the
+        # init_values_once step once; none still recompiles in the steady state.
+        self.assertEqual(dict((kind, int(frames)) for kind, frames, _ in rows)["once"], 1, out)
+        self.assertEqual(dict((kind, int(frames)) for kind, frames, _ in rows)["sgd"], 2, out)
+        self.assertEqual(sorted(kind for kind, _, _ in rows), ["adam", "adamw", "once", "sgd"], out)
+        self.assertEqual([star for _, _, star in rows], ["", "", "", ""], out)
+        self.assertIn("patched before+after", out)
+
+
 class BenchGuardsTest(unittest.TestCase):
     def test_every_scenario_gets_native_guards(self):
         out = run_script(

@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Compiled optimizer steps over many small tensors: stock torch vs the custom wheel.
+
+One run prints, side by side, unpatched torch (a separate venv: /work/stockenv, or the
+stock env `dynapatch.py upstream-tests` caches under the cache dir, or --stock-python)
+and the custom wheel (the python running this script, normally .venv/bin/python), for
+every N and optimizer step:
+
+  * first compile: CPU seconds (time.process_time) of the first step;
+  * all compiles: CPU seconds of the steps that compiled a frame, over --steps steps;
+  * the steady-state call (CPU time of the thread, median over rounds), split into
+    guard (the cache entries' guard checks, timed apart on the frame locals they
+    were hit with), before the graph (the pre-graph bytecode: Dynamo's
+    record_pregraph_bytecode_enter/exit markers), graph (the backend's compiled
+    callable) and after (the rest: post-graph bytecode, resume frames, glue), in µs
+    and µs per tensor (tensors = parameters);
+  * eager opt.step() on an identical optimizer.
+
+Steps (parameters 4x4 float32, fresh grads every step as zero_grad(set_to_none=True)):
+  sgd    torch.optim.SGD(lr=0.01, momentum=0.9, foreach=True)
+  adam   torch.optim.Adam(lr=1e-3, foreach=True)
+  adamw  torch.optim.AdamW(lr=1e-3, foreach=False)
+  once   OnceSGD of scripts/bench_skip_guard.py (an init_values_once _init_group); on
+         the stock side the same class traced through (init_values_once does not exist)
+
+With `jax` and `optax` importable, the patched side also times optax's sgd/adam/adamw
+(first call: trace + compile, then the steady call) on the same shapes.
+
+Run the stock and patched workers one after the other (never at once: CPU time is
+the measure, but two processes on a 2-core machine still disturb each other).
+  .venv/bin/python scripts/bench_optimizer_step.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+KINDS = ("sgd", "adam", "adamw", "once")
+SHAPE = (4, 4)
+
+
+# --------------------------------------------------------------------- worker side
+
+
+class _Timeline:
+    """Thread-CPU timestamps of the markers one compiled call passes."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.on = False
+
+    def mark(self, what: str) -> None:
+        if self.on:
+            self.events.append((what, time.thread_time_ns()))
+
+
+def _install_markers(timeline: _Timeline) -> None:
+    """Time the pre-graph bytecode through the markers Dynamo's codegen already emits
+    around it (config.record_runtime_overhead), looked up at run time."""
+    import torch._dynamo.config
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.config.record_runtime_overhead = True
+
+    @torch._disable_dynamo
+    def enter() -> None:
+        timeline.mark("pre_enter")
+
+    @torch._disable_dynamo
+    def exit_(cm: Any) -> None:
+        timeline.mark("pre_exit")
+
+    dynamo_utils.record_pregraph_bytecode_enter = enter
+    dynamo_utils.record_pregraph_bytecode_exit = exit_
+
+
+def _timed_backend(timeline: _Timeline):
+    """backend="eager", with the graph's run time marked."""
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        forward = gm.forward
+
+        def run(*args: Any) -> Any:
+            timeline.mark("graph_start")
+            out = forward(*args)
+            timeline.mark("graph_end")
+            return out
+
+        return run
+
+    return backend
+
+
+def _make_optimizer(kind: str, params: list[Any]) -> Any:
+    import torch
+
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=True)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    import torch._dynamo
+
+    if not hasattr(torch._dynamo, "init_values_once"):
+        # Unpatched torch: the decorator does not exist, so OnceSGD is traced through.
+        torch._dynamo.init_values_once = lambda guards: (lambda fn: fn)
+    sys.path.insert(0, str(HERE))
+    import bench_skip_guard
+
+    return bench_skip_guard.OnceSGD(params)
+
+
+def _params(n: int, seed: int) -> list[Any]:
+    import torch
+
+    torch.manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(SHAPE)) for _ in range(n)]
+
+
+def _set_grads(params: list[Any], step: int) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + step)
+    for p in params:
+        p.grad = torch.randn(SHAPE, generator=gen)
+
+
+def _cache_entries() -> list[Any]:
+    from torch._dynamo.convert_frame import input_codes
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    entries = []
+    for ref in input_codes.seen:
+        code = ref()
+        if code is not None:
+            entries.extend(_debug_get_cache_entry_list(code))
+    return entries
+
+
+def _capture_guard_inputs(call: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """(guard manager, frame locals) of every cache entry one call runs."""
+    by_code = {id(e.code): e for e in _cache_entries()}
+    hits: list[tuple[Any, dict[str, Any]]] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            entry = by_code.get(id(frame.f_code))
+            if entry is not None:
+                hits.append((entry.guard_manager, dict(frame.f_locals)))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return hits
+
+
+def _median_us(samples: list[float]) -> float:
+    return statistics.median(samples) / 1e3
+
+
+def bench_torch(kind: str, n: int, steps: int, rounds: int, calls: int) -> dict[str, Any]:
+    import torch
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    timeline = _Timeline()
+    _install_markers(timeline)
+    counter = CompileCounterWithBackend(_timed_backend(timeline))
+    torch._dynamo.config.recompile_limit = max(8, steps + 2)  # stock `once` recompiles every step
+    params = _params(n, 0)
+    opt = _make_optimizer(kind, params)
+    compiled = torch.compile(opt.step, backend=counter)
+
+    first, total = 0.0, 0.0
+    for step in range(steps):
+        _set_grads(params, step)
+        frames = counter.frame_count
+        start = time.process_time()
+        compiled()
+        elapsed = time.process_time() - start
+        if step == 0:
+            first = elapsed
+        if counter.frame_count > frames:
+            total += elapsed
+    frames_compiled = counter.frame_count
+    recompiled_steady = False
+
+    # Steady state.
+    _set_grads(params, steps)
+    guard_inputs = _capture_guard_inputs(compiled)
+    call_ns, before_ns, graph_ns, guard_ns = [], [], [], []
+    for r in range(rounds):
+        tot = bef = gra = 0
+        for c in range(calls):
+            _set_grads(params, steps + 1 + r * calls + c)
+            timeline.events.clear()
+            timeline.on = True
+            start = time.thread_time_ns()
+            compiled()
+            end = time.thread_time_ns()
+            timeline.on = False
+            tot += end - start
+            opened: dict[str, int] = {}
+            for what, t in timeline.events:
+                if what in ("pre_enter", "graph_start"):
+                    opened[what] = t
+                elif what == "pre_exit":
+                    bef += t - opened.pop("pre_enter")
+                elif what == "graph_end":
+                    gra += t - opened.pop("graph_start")
+        call_ns.append(tot / calls)
+        before_ns.append(bef / calls)
+        graph_ns.append(gra / calls)
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            for manager, f_locals in guard_inputs:
+                manager.check(f_locals)
+        guard_ns.append((time.thread_time_ns() - start) / calls)
+    recompiled_steady = counter.frame_count != frames_compiled
+
+    # Eager opt.step() on an identical optimizer, same grads schedule.
+    eparams = _params(n, 0)
+    eopt = _make_optimizer(kind, eparams)
+    eager_ns = []
+    for r in range(rounds + 1):
+        tot = 0
+        for c in range(calls):
+            _set_grads(eparams, r * calls + c)
+            start = time.thread_time_ns()
+            eopt.step()
+            tot += time.thread_time_ns() - start
+        if r:  # round 0 initialises the state
+            eager_ns.append(tot / calls)
+
+    call, before, graph, guard = map(_median_us, (call_ns, before_ns, graph_ns, guard_ns))
+    return {
+        "kind": kind,
+        "n": n,
+        "first_s": first,
+        "total_s": total,
+        "frames": frames_compiled,
+        "recompiled_steady": recompiled_steady,
+        "graphs_per_call": sum(1 for w, _ in timeline.events if w == "graph_start"),
+        "call_us": call,
+        "guard_us": guard,
+        "before_us": before,
+        "graph_us": graph,
+        "after_us": max(call - guard - before - graph, 0.0),
+        "eager_us": _median_us(eager_ns),
+    }
+
+
+def bench_jax(kind: str, n: int, rounds: int, calls: int) -> dict[str, Any] | None:
+    try:
+        import jax
+        import jax.numpy as jnp
+        import optax
+    except ImportError:
+        return None
+    if kind == "once":
+        return None
+    make = {"sgd": lambda: optax.sgd(0.01, momentum=0.9), "adam": lambda: optax.adam(1e-3),
+            "adamw": lambda: optax.adamw(1e-3)}[kind]
+    tx = make()
+    params = [jnp.ones(SHAPE, jnp.float32) * i for i in range(n)]
+    grads = [jnp.ones(SHAPE, jnp.float32) for _ in range(n)]
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    start = time.process_time()
+    params, state = jax.block_until_ready(step(params, state, grads))
+    first = time.process_time() - start
+    samples = []
+    for _ in range(rounds):
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            params, state = jax.block_until_ready(step(params, state, grads))
+        samples.append((time.thread_time_ns() - start) / calls)
+    return {"kind": kind, "n": n, "first_s": first, "call_us": _median_us(samples)}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    results: list[dict[str, Any]] = []
+    for n in args.sizes:
+        for kind in args.kinds:
+            results.append(bench_torch(kind, n, args.steps, args.rounds, args.calls))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    jax_results = []
+    if args.jax:
+        for n in args.sizes:
+            for kind in args.kinds:
+                r = bench_jax(kind, n, args.rounds, args.calls)
+                if r is not None:
+                    jax_results.append(r)
+    json.dump({"torch": torch.__version__, "results": results, "jax": jax_results}, sys.stdout)
+
+
+# --------------------------------------------------------------------- driver side
+
+
+def find_stock_python(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    candidates = ["/work/stockenv/bin/python"]
+    cache = os.environ.get("DYNAPATCH_CACHE_DIR", "/work/main/build/cache")
+    candidates += sorted(glob.glob(os.path.join(cache, "stockenv-*", "bin", "python")))
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    raise SystemExit("no stock venv found: pass --stock-python (a venv with unpatched torch 2.13.0)")
+
+
+def run_worker(python: str, args: argparse.Namespace, jax: bool) -> dict[str, Any]:
+    cmd = [python, str(Path(__file__).resolve()), "--worker", "--sizes", *map(str, args.sizes),
+           "--kinds", *args.kinds, "--steps", str(args.steps), "--rounds", str(args.rounds),
+           "--calls", str(args.calls)]
+    if jax:
+        cmd.append("--jax")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"worker {python} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
+def _fmt_split(r: dict[str, Any]) -> str:
+    n = r["n"]
+    parts = [f"{r[k]:8.0f} {r[k] / n:6.2f}" for k in ("guard_us", "before_us", "graph_us", "after_us")]
+    return " | ".join(parts)
+
+
+def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
+    versus = f"stock torch {stock['torch']}  vs  " if stock else ""
+    print(f"{versus}patched torch {patched['torch']}; backend=eager, CPU time, "
+          "params 4x4 fp32, fresh grads every step")
+    print("split columns: µs per call, µs per tensor")
+    head = (f"| {'N':>5} | {'step':<5} | {'side':<7} | {'1st compile s':>13} | {'all compiles s':>14} | "
+            f"{'frames':>6} | {'call µs':>8} | {'eager µs':>8} | {'call/eager':>10} | "
+            f"{'guard':>15} | {'before graph':>15} | {'graph':>15} | {'after graph':>15} |")
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    key = {(r["n"], r["kind"]): r for r in patched["results"]}
+    stock_key = {(r["n"], r["kind"]): r for r in stock["results"]} if stock else {}
+    for p in patched["results"]:
+        s = stock_key.get((p["n"], p["kind"]))
+        for side, r in (("stock", s), ("patched", p)):
+            if r is None:
+                continue
+            note = "*" if r["recompiled_steady"] else ""
+            print(f"| {r['n']:>5} | {r['kind']:<5} | {side:<7} | {r['first_s']:>13.2f} | {r['total_s']:>14.2f} | "
+                  f"{r['frames']:>5}{note:1} | {r['call_us']:>8.0f} | {r['eager_us']:>8.0f} | "
+                  f"{r['call_us'] / r['eager_us']:>9.2f}x | {_fmt_split(r)} |")
+    print("(* = still recompiling in the steady state)")
+    print()
+    print("ratios stock/patched (higher is better for patched):")
+    for p in patched["results"]:
+        s = stock_key.get((p["n"], p["kind"]))
+        around = (p["before_us"] + p["after_us"]) / p["n"] * 1e3
+        versus = (f"first compile {s['first_s'] / p['first_s']:5.2f}x  all compiles "
+                  f"{s['total_s'] / max(p['total_s'], 1e-9):5.2f}x  call {s['call_us'] / p['call_us']:5.2f}x  "
+                  if s else "")
+        print(f"  N={p['n']:<5} {p['kind']:<5} {versus}"
+              f"patched call/eager {p['call_us'] / p['eager_us']:4.2f}x  patched before+after {around:6.0f} ns/tensor")
+    sizes = sorted({r["n"] for r in patched["results"]})
+    if 1000 in sizes and 3000 in sizes:
+        print("scaling N=3000 vs N=1000 (patched, per-tensor ratio of call and first compile):")
+        for kind in sorted({r["kind"] for r in patched["results"]}):
+            a, b = key.get((1000, kind)), key.get((3000, kind))
+            if a and b:
+                print(f"  {kind:<5} call {b['call_us'] / 3 / a['call_us']:4.2f}x  first compile "
+                      f"{b['first_s'] / 3 / a['first_s']:4.2f}x")
+    if patched.get("jax"):
+        print()
+        print("JAX + optax (patched side's python): first call CPU s (trace + compile), steady call µs")
+        for r in patched["jax"]:
+            print(f"  N={r['n']:<5} {r['kind']:<5} first {r['first_s']:7.2f} s  steady {r['call_us']:9.0f} µs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="default 100 1000 3000")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--steps", type=int, default=5, help="steps compiled (all compiles over them)")
+    parser.add_argument("--rounds", type=int, default=7, help="steady-state rounds (median)")
+    parser.add_argument("--calls", type=int, default=5, help="calls per round")
+    parser.add_argument("--quick", action="store_true", help="N=100 and 1000, fewer rounds")
+    parser.add_argument("--stock-python", help="python of a venv with unpatched torch")
+    parser.add_argument("--no-stock", action="store_true", help="patched side only")
+    parser.add_argument("--jax", action="store_true", help="also time JAX+optax when importable")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sizes is None:
+        args.sizes = [100, 1000] if args.quick else [100, 1000, 3000]
+    if args.quick:
+        args.rounds, args.calls = min(args.rounds, 5), min(args.calls, 3)
+    if args.worker:
+        worker(args)
+        return
+    patched = run_worker(sys.executable, args, args.jax)
+    stock = None if args.no_stock else run_worker(find_stock_python(args.stock_python), args, False)
+    report(stock, patched)
+
+
+if __name__ == "__main__":
+    main()
