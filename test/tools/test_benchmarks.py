@@ -43,7 +43,7 @@ class BenchOptimizerStepTest(unittest.TestCase):
             "--rounds", "1", "--calls", "1",
         )
         # | N | step | side | 1st compile | all compiles | frames | call | eager | ratio | 4 splits |
-        rows = re.findall(r"^\|\s+12 \| (\w+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?) \|", out, re.MULTILINE)
+        rows = re.findall(r"^\|\s+12 \| (\w+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?)\s*\|", out, re.MULTILINE)
         # torch.optim.SGD compiles twice (its first step has no momentum buffers); the
         # init_values_once step once; none still recompiles in the steady state.
         self.assertEqual(dict((kind, int(frames)) for kind, frames, _ in rows)["once"], 1, out)
