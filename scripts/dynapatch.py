@@ -57,8 +57,7 @@ from dplib import upstream_tests as upstream_mod  # noqa: E402
 from dplib.targets import (apply_recorded, apply_state, check_overrides, fetch_release_wheel,  # noqa: E402
                            override_versions, record_dir, release_sources, supported_versions,
                            unapply_recorded, with_overrides)
-from dplib.series import (apply_to_target, check_override_names, load_series, patched_sources,  # noqa: E402
-                          series_digest)
+from dplib.series import check_override_names, load_series, patched_sources, series_digest  # noqa: E402
 from dplib.wheel import (RECORD_MODULE, describe_record, patched_wheel_name, record_module, repack,  # noqa: E402
                          stamp_version_py)
 
@@ -123,7 +122,8 @@ def select_base(project: Project, args: argparse.Namespace) -> tuple[BaseSpec, P
     if args.base_wheel is not None:
         spec = variant_of_wheel(project, args.base_wheel)
         if args.variant and args.variant != spec.variant:
-            raise DynapatchError(f"--base-wheel {args.base_wheel.name} is the {spec.variant} variant, not {args.variant}")
+            raise DynapatchError(f"--base-wheel {args.base_wheel.name} is the {spec.variant} variant, "
+                                 f"not {args.variant}")
         return spec, args.base_wheel
     spec = load_base(project, args.variant) if args.variant else default_variant(project)
     return spec, fetch_base_wheel(project, spec)
@@ -212,7 +212,7 @@ def cmd_build(project: Project, args: argparse.Namespace) -> int:
     write_stamp(project, Stamp(inputs_digest(project), out.name, wheel_sha, spec.variant))
     # Older wheels of this variant (another series) would be mistaken for this one.
     prefix = f"torch-{spec.public_version}+{spec.label}.{spec.local_label}."
-    for old in project.dist.glob(f"torch-*.whl"):
+    for old in project.dist.glob("torch-*.whl"):
         if old != out and old.name.startswith(prefix):
             old.unlink()
     log(f"built dist/{out.name} sha256 {wheel_sha} in {time.monotonic() - started:.0f} s")
@@ -520,8 +520,9 @@ def make_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         p.add_argument("--base-wheel", type=Path, help=base_help)
         if name in ("build", "test"):
-            p.add_argument("--variant", metavar="cpu|cuda", help="the base wheel variant (default: the one `pip download torch==<version>` "
-                                "gives here; for test: the last build's); patches/BASE lists them")
+            p.add_argument("--variant", metavar="cpu|cuda", help="the base wheel variant "
+                           "(default: the one `pip download torch==<version>` "
+                           "gives here; for test: the last build's); patches/BASE lists them")
         if name == "build":
             p.add_argument("--no-venv", action="store_true", help="only build the wheel, leave .venv/ as it is")
             p.add_argument("--force", action="store_true", help="rebuild even if nothing changed")

@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import NoReturn
 
 
 class DynapatchError(Exception):

@@ -223,7 +223,7 @@ def apply_recorded(project: Project, patches: list[Patch], root: Path, series_sh
     os.replace(partial, final)
     if dist_record:
         lines = (root / dist_record).read_text().splitlines()
-        ours = {rel for rel in touched} | {str(f.relative_to(root)) for f in final.rglob("*") if f.is_file()}
+        ours = set(touched) | {str(f.relative_to(root)) for f in final.rglob("*") if f.is_file()}
         lines = [line for line in lines if line.split(",", 1)[0] not in ours]
         lines += [_record_line(rel, (root / rel).read_bytes()) for rel in sorted(ours)]
         (root / dist_record).write_text("\n".join(lines) + "\n")

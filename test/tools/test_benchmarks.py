@@ -46,8 +46,8 @@ class BenchOptimizerStepTest(unittest.TestCase):
         rows = re.findall(r"^\|\s+12 \| (\w+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?)\s*\|", out, re.MULTILINE)
         # torch.optim.SGD compiles twice (its first step has no momentum buffers); the
         # init_values_once step once; none still recompiles in the steady state.
-        self.assertEqual(dict((kind, int(frames)) for kind, frames, _ in rows)["once"], 1, out)
-        self.assertEqual(dict((kind, int(frames)) for kind, frames, _ in rows)["sgd"], 2, out)
+        self.assertEqual({kind: int(frames) for kind, frames, _ in rows}["once"], 1, out)
+        self.assertEqual({kind: int(frames) for kind, frames, _ in rows}["sgd"], 2, out)
         self.assertEqual(sorted(kind for kind, _, _ in rows), ["adam", "adamw", "once", "sgd"], out)
         self.assertEqual([star for _, _, star in rows], ["", "", "", ""], out)
         self.assertIn("patched before+after", out)
