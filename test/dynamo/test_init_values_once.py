@@ -575,6 +575,26 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(len(extra_c), len(extra_e))
         self.assertIn("argument 'extra' is a list from outside the frame that no guard spec names", "\n".join(logs.output))
 
+    def test_spec_naming_a_missing_attribute_falls_back_visibly(self):
+        # The fallback to tracing is logged at INFO, so TORCH_LOGS=dynamo shows it.
+        class Holder2:
+            def __init__(self):
+                self.scale = 2.0
+
+            @torch._dynamo.init_values_once(guards=["self.no_such_attribute"])
+            def get(self):
+                return self.scale
+
+        def fn(x, h):
+            return x * h.get()
+
+        cnt = CompileCounter()
+        h, x = Holder2(), torch.randn(2)
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.INFO) as logs:
+            self.assertEqual(torch.compile(fn, backend=cnt)(x, h), fn(x, h))
+        self.assertIn("guard 'self.no_such_attribute' does not resolve", "\n".join(logs.output))
+        self.assertEqual(cnt.frame_count, 1)
+
     def test_returned_guarded_input_keeps_its_source(self):
         @torch._dynamo.init_values_once(guards=["cache"])
         def get(cache):

@@ -320,7 +320,7 @@ class InitValuesOnceVariable(VariableTracker):
         try:
             return self._call_and_guard(tx, args, kwargs)
         except InlineInstead as reason:
-            log.debug("init_values_once: tracing %s normally: %s", self.entry.fn.__qualname__, reason)
+            log.info("init_values_once: tracing %s normally: %s", self.entry.fn.__qualname__, reason)
             return tx.inline_user_function_return(self.fn_vt, args, kwargs)
 
     # -- steps a subclass may specialise ---------------------------------------
