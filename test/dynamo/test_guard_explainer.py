@@ -344,7 +344,53 @@ x: 4 guards
 
 
 class NativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
-    """Summaries of the native container guards (guard_accel, guard_accel_nested)."""
+    """Summaries and recompile reasons of native container guards (guard_accel)."""
+
+    def setUp(self):
+        super().setUp()
+        from torch._dynamo import guard_accel
+
+        if guard_accel.extension() is None:
+            self.skipTest("torch._dynamo._guard_accel is not built")
+
+    def test_list_of_1000_tensors_is_one_group(self):
+        fn = torch.compile(total, backend="eager")
+        fn([torch.randn(2) for _ in range(1000)])
+        text = explain(fn)
+        self.assertExpectedInline(text, """\
+Guards of total (test_guard_explainer.py:52): 1 cache entry
+cache entry 0:
+  10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes
+    xs: 4 guards  [accelerated container guard]
+        tensor metadata of 1000 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
+        type of 1 object
+        contents (1 key/length check)
+    <no-aliasing check>: 2 guards
+        one native no-aliasing check over 1000 tensors""", skip=1)
+
+    def test_recompile_reason_names_object_field_and_values(self):
+        fn = torch.compile(total, backend="eager")
+        xs = [torch.randn(2) for _ in range(10)]
+        fn(xs)
+        xs[7] = xs[7].double()
+        torch._logging.set_logs(recompiles=True)
+        try:
+            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
+                fn(xs)
+        finally:
+            torch._logging.set_logs()
+        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
+        # 10 tensors: one native TensorContainerGuard, which names the element itself.
+        self.assertIn("=> object xs, tensor xs[7]: dtype changed float32 -> float64", message)
+        # The reasons Dynamo records and returns carry no explanation line.
+        reasons = torch._dynamo.utils.guard_failures[total.__code__]
+        self.assertEqual(reasons, ["0/0: xs[7]: dtype changed float32 -> float64"])
+
+
+class NestedNativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
+    """Summaries of native guards over grads and per-tensor state (guard_accel_nested)."""
 
     def setUp(self):
         super().setUp()
@@ -387,41 +433,6 @@ cache entry 0:
         # grads, state buffers and the param/state-key pairs are native guards
         # (guard_accel_nested); without these patches the tree has over 2,000 lines.
         self.assertLess(len(raw.splitlines()), 60)
-
-    def test_list_of_1000_tensors_is_one_group(self):
-        fn = torch.compile(total, backend="eager")
-        fn([torch.randn(2) for _ in range(1000)])
-        text = explain(fn)
-        self.assertExpectedInline(text, """\
-Guards of total (test_guard_explainer.py:52): 1 cache entry
-cache entry 0:
-  10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
-    <global state>: 4 guards
-        grad mode, autocast, default device, torch function modes
-    xs: 4 guards  [accelerated container guard]
-        tensor metadata of 1000 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
-        type of 1 object
-        contents (1 key/length check)
-    <no-aliasing check>: 2 guards
-        one native no-aliasing check over 1000 tensors""", skip=1)
-
-    def test_recompile_reason_names_object_field_and_values(self):
-        fn = torch.compile(total, backend="eager")
-        xs = [torch.randn(2) for _ in range(10)]
-        fn(xs)
-        xs[7] = xs[7].double()
-        torch._logging.set_logs(recompiles=True)
-        try:
-            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
-                fn(xs)
-        finally:
-            torch._logging.set_logs()
-        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
-        # 10 tensors: one native TensorContainerGuard, which names the element itself.
-        self.assertIn("=> object xs, tensor xs[7]: dtype changed float32 -> float64", message)
-        # The reasons Dynamo records and returns carry no explanation line.
-        reasons = torch._dynamo.utils.guard_failures[total.__code__]
-        self.assertEqual(reasons, ["0/0: xs[7]: dtype changed float32 -> float64"])
 
 
 if __name__ == "__main__":
