@@ -4,12 +4,10 @@
 import gc
 import io
 import logging
-import unittest
 
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
-from torch._dynamo import guard_accel
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 
@@ -62,19 +60,13 @@ def explain(fn):
     return torch._dynamo.explain_guards(fn, file=io.StringIO())
 
 
-# The summaries below show the wheel's native container guards (guard_accel).
-requires_native_guards = unittest.skipIf(
-    guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
-)
-
-
 class GuardExplainerTests(torch._dynamo.test_case.TestCase):
     def test_module_with_counter(self):
         model = torch.compile(Counter(), backend="eager")
         for _ in range(3):
             model(torch.randn(3, 4))
         self.assertExpectedInline(explain(model), """\
-Guards of forward (test_guard_explainer.py:22): 1 cache entry
+Guards of forward (test_guard_explainer.py:20): 1 cache entry
 cache entry 0:
   50 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2, relation 1
     self.layer: 15 guards
@@ -98,47 +90,11 @@ cache entry 0:
         type of 1 object
         relation: -9223372036854775808 <= self.step <= 9223372036854775806""", skip=1)
 
-    @requires_native_guards
-    def test_optimizer_with_init_values_once(self):
-        params = [torch.nn.Parameter(torch.randn(8)) for _ in range(200)]
-        for p in params:
-            p.grad = torch.randn(8)
-        opt = LazySGD(params)
-        step = torch.compile(opt.step, backend="eager")
-        step()
-        text = explain(step)
-        self.assertExpectedInline(text, """\
-Guards of step (test_guard_explainer.py:41): 1 cache entry
-cache entry 0:
-  24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
-    self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
-        type of 2 objects
-        contents (4 key/length checks)
-        value: self.param_groups[0]['lr'] == 0.1
-    <global state>: 4 guards
-        grad mode, autocast, default device, torch function modes
-    self: 4 guards  [init_values_once[self.state], accelerated container guard]
-        200 same-object checks in one native ObjectIdentityGuard (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
-        type of 1 object
-        contents (1 key/length check)
-    <globals and imports>: 3 guards
-        identity of 3 objects
-    <no-aliasing check>: 2 guards
-        one native no-aliasing check over 400 tensors
-    self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""", skip=1)
-        raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
-        self.assertLessEqual(len(text.splitlines()), 40)
-        # grads, state buffers and the param/state-key pairs are native guards
-        # (guard_accel_nested); the stock tree has over 2,000 lines.
-        self.assertLess(len(raw.splitlines()), 60)
-
     def test_function_taking_dict_of_tensors(self):
         fn = torch.compile(add_all, backend="eager")
         fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
         self.assertExpectedInline(explain(fn), """\
-Guards of add_all (test_guard_explainer.py:50): 1 cache entry
+Guards of add_all (test_guard_explainer.py:48): 1 cache entry
 cache entry 0:
   24 guards on 2 objects: tensor bookkeeping 16, global state 4, tensor 3, type 1
     d: 20 guards
@@ -148,49 +104,12 @@ cache entry 0:
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes""", skip=1)
 
-    @requires_native_guards
-    def test_list_of_1000_tensors_is_one_group(self):
-        fn = torch.compile(total, backend="eager")
-        fn([torch.randn(2) for _ in range(1000)])
-        text = explain(fn)
-        self.assertExpectedInline(text, """\
-Guards of total (test_guard_explainer.py:54): 1 cache entry
-cache entry 0:
-  10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
-    <global state>: 4 guards
-        grad mode, autocast, default device, torch function modes
-    xs: 4 guards  [accelerated container guard]
-        tensor metadata of 1000 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
-        type of 1 object
-        contents (1 key/length check)
-    <no-aliasing check>: 2 guards
-        one native no-aliasing check over 1000 tensors""", skip=1)
-
     def test_full_lists_raw_lines(self):
         fn = torch.compile(add_all, backend="eager")
         fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})
         full = torch._dynamo.explain_guards(fn, full=True, file=io.StringIO())
         self.assertIn("| TENSOR_MATCH: check_tensor(L['d']['bias'], Tensor", full)
         self.assertGreater(len(full.splitlines()), len(explain(fn).splitlines()))
-
-    @requires_native_guards
-    def test_recompile_reason_names_object_field_and_values(self):
-        fn = torch.compile(total, backend="eager")
-        xs = [torch.randn(2) for _ in range(10)]
-        fn(xs)
-        xs[7] = xs[7].double()
-        torch._logging.set_logs(recompiles=True)
-        try:
-            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
-                fn(xs)
-        finally:
-            torch._logging.set_logs()
-        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
-        # 10 tensors: one native TensorContainerGuard, which names the element itself.
-        self.assertIn("=> object xs, tensor xs[7]: dtype changed float32 -> float64", message)
-        # The reasons Dynamo records and returns carry no explanation line.
-        reasons = torch._dynamo.utils.guard_failures[total.__code__]
-        self.assertEqual(reasons, ["0/0: xs[7]: dtype changed float32 -> float64"])
 
     def test_command_line_explains_a_script(self):
         import subprocess
@@ -422,6 +341,98 @@ x: 4 guards
             with self.subTest(reason=reason):
                 self.assertEqual(describe_guard_failure(reason, scope), expected)
         self.assertEqual(calls, [])
+
+
+class NativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
+    """Summaries and recompile reasons of native container guards (guard_accel)."""
+
+    def setUp(self):
+        super().setUp()
+        from torch._dynamo import guard_accel
+
+        if guard_accel.extension() is None:
+            self.skipTest("torch._dynamo._guard_accel is not built")
+
+    def test_list_of_1000_tensors_is_one_group(self):
+        fn = torch.compile(total, backend="eager")
+        fn([torch.randn(2) for _ in range(1000)])
+        text = explain(fn)
+        self.assertExpectedInline(text, """\
+Guards of total (test_guard_explainer.py:52): 1 cache entry
+cache entry 0:
+  10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes
+    xs: 4 guards  [accelerated container guard]
+        tensor metadata of 1000 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
+        type of 1 object
+        contents (1 key/length check)
+    <no-aliasing check>: 2 guards
+        one native no-aliasing check over 1000 tensors""", skip=1)
+
+    def test_recompile_reason_names_object_field_and_values(self):
+        fn = torch.compile(total, backend="eager")
+        xs = [torch.randn(2) for _ in range(10)]
+        fn(xs)
+        xs[7] = xs[7].double()
+        torch._logging.set_logs(recompiles=True)
+        try:
+            with self.assertLogs("torch._dynamo", level=logging.DEBUG) as logs:
+                fn(xs)
+        finally:
+            torch._logging.set_logs()
+        message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
+        # 10 tensors: one native TensorContainerGuard, which names the element itself.
+        self.assertIn("=> object xs, tensor xs[7]: dtype changed float32 -> float64", message)
+        # The reasons Dynamo records and returns carry no explanation line.
+        reasons = torch._dynamo.utils.guard_failures[total.__code__]
+        self.assertEqual(reasons, ["0/0: xs[7]: dtype changed float32 -> float64"])
+
+
+class NestedNativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
+    """Summaries of native guards over grads and per-tensor state (guard_accel_nested)."""
+
+    def setUp(self):
+        super().setUp()
+        from torch._dynamo import guard_accel
+
+        if guard_accel.extension() is None:
+            self.skipTest("torch._dynamo._guard_accel is not built")
+
+    def test_optimizer_with_init_values_once(self):
+        params = [torch.nn.Parameter(torch.randn(8)) for _ in range(200)]
+        for p in params:
+            p.grad = torch.randn(8)
+        opt = LazySGD(params)
+        step = torch.compile(opt.step, backend="eager")
+        step()
+        text = explain(step)
+        self.assertExpectedInline(text, """\
+Guards of step (test_guard_explainer.py:39): 1 cache entry
+cache entry 0:
+  24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
+    self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
+        type of 2 objects
+        contents (4 key/length checks)
+        value: self.param_groups[0]['lr'] == 0.1
+    <global state>: 4 guards
+        grad mode, autocast, default device, torch function modes
+    self: 4 guards  [init_values_once[self.state], accelerated container guard]
+        200 same-object checks in one native ObjectIdentityGuard (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
+        type of 1 object
+        contents (1 key/length check)
+    <globals and imports>: 3 guards
+        identity of 3 objects
+    <no-aliasing check>: 2 guards
+        one native no-aliasing check over 400 tensors
+    self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""", skip=1)
+        raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
+        self.assertLessEqual(len(text.splitlines()), 40)
+        # grads, state buffers and the param/state-key pairs are native guards
+        # (guard_accel_nested); without these patches the tree has over 2,000 lines.
+        self.assertLess(len(raw.splitlines()), 60)
 
 
 if __name__ == "__main__":

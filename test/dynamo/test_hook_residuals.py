@@ -250,7 +250,6 @@ CASES = {
     # The user's own graph break.
     "input_hook_then_graph_break": (input_hook_then_graph_break, 1, False),
     "output_handle_across_graph_break": (output_handle_across_graph_break, 1, False),
-    "intermediate_hook_returns_none": (intermediate_hook_returns_none, 0, False),
     # Out of scope (README): a hook traced into the graph cannot append to a
     # global list. Compiled autograd calls the hook itself: no graph break.
     "intermediate_side_effect_hook": (
@@ -782,12 +781,24 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
         fn, expected_breaks, remove_first = CASES[case]
         if isinstance(expected_breaks, dict):
             expected_breaks = expected_breaks[mode]
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
+
+    def check_matches_eager(self, fn, mode, expected_breaks, remove_first):
         expected = run_protocol(fn, remove_first)
         seen, frames, breaks, fallbacks = run_compiled(fn, mode, remove_first)
         self.assertEqual(seen, expected)
         self.assertGreaterEqual(frames, 1)
         self.assertEqual(breaks, expected_breaks)
         self.assertEqual(fallbacks, 0)
+
+    def test_hook_returning_none_matches_eager(self):
+        # A hook that only inspects the gradient of an intermediate returns None:
+        # the gradient is unchanged. Under compiled autograd the hook is called
+        # through call_hook_from_backward_state, which without the
+        # compiled-autograd-hook-none patch replaced the gradient with None.
+        for mode in MODES:
+            with self.subTest(mode=mode):
+                self.check_matches_eager(intermediate_hook_returns_none, mode, 0, False)
 
     def test_intermediate_handle_is_real(self):
         # The handle of a hook on an output is the one register_hook returned at
