@@ -3,6 +3,7 @@
 
 import collections
 import gc
+import linecache
 import logging
 import weakref
 
@@ -13,11 +14,10 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters, guard_failures
 
-
 try:
-    from .test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
+    from .test_optimizer_variable import RecordingCounter, alive, gc_disabled, live_tensors, opt_step
 except ImportError:
-    from test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
+    from test_optimizer_variable import RecordingCounter, alive, gc_disabled, live_tensors, opt_step
 
 
 # Calls of _init_group per optimizer instance (a global, so the function only
@@ -148,6 +148,26 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         self.assertIn(".grad", reasons[0])
         self.assertIn("init_values_once[self.param_groups] of PlainSGD._init_group", reasons[0])
 
+    def test_guard_label_is_a_frame_called_from_the_frame(self):
+        # A spec's guards end their user stack in a frame named for the spec, called
+        # from the traced frame's own line (step's _init_group call), which stays above
+        # it, as for an inlined call: the label does not replace the frame's location.
+        guards = []
+        params = make_params(3)
+        opt = PlainSGD(params)
+        set_grads(params, 0)
+        torch._dynamo.optimize(CompileCounter(), guard_export_fn=guards.extend)(opt.step)()
+        labelled = [g for g in guards if g.user_stack and "init_values_once[" in g.user_stack[-1].name]
+        names = {g.user_stack[-1].name for g in labelled}
+        for spec in ("self.state", "self.param_groups"):
+            self.assertIn(f"init_values_once[{spec}] of PlainSGD._init_group", names)
+        init_code = PlainSGD._init_group.__code__
+        for guard in labelled:
+            callee, caller = guard.user_stack[-1], guard.user_stack[-2]
+            self.assertEqual((callee.filename, callee.lineno), (init_code.co_filename, init_code.co_firstlineno))
+            self.assertEqual(caller.name, "step")
+            self.assertIn("self._init_group(", linecache.getline(caller.filename, caller.lineno))
+
     def test_plain_function(self):
         cache = {}
         calls = []
@@ -179,7 +199,10 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(len(calls), 2)
 
     def test_bad_spec_name_raises_at_decoration(self):
-        with self.assertRaisesRegex(ValueError, r"guard 'stat.x' names 'stat', which is not a parameter of .*\.f; its parameters are self, group"):
+        with self.assertRaisesRegex(
+            ValueError,
+            r"guard 'stat.x' names 'stat', which is not a parameter of .*\.f; its parameters are self, group",
+        ):
 
             @torch._dynamo.init_values_once(guards=["stat.x"])
             def f(self, group):
@@ -573,7 +596,9 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
                 x = torch.randn(2)
                 self.assertEqual(compiled(x, cache_c, extra_c), fn(x, cache_e, extra_e))
                 self.assertEqual(len(extra_c), len(extra_e))
-        self.assertIn("argument 'extra' is a list from outside the frame that no guard spec names", "\n".join(logs.output))
+        self.assertIn(
+            "argument 'extra' is a list from outside the frame that no guard spec names", "\n".join(logs.output)
+        )
 
     def test_spec_naming_a_missing_attribute_falls_back_visibly(self):
         # The fallback to tracing is logged at INFO, so TORCH_LOGS=dynamo shows it.

@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-
 __all__ = ["init_values_once"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -20,7 +20,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Iterator
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,7 +35,6 @@ from ..source import (
     Source,
 )
 from .base import ValueMutationNew, VariableTracker
-
 
 if TYPE_CHECKING:
     from ..symbolic_convert import InstructionTranslatorBase
@@ -129,7 +128,7 @@ def _pytree_sources(value: Any, source: Source, found: dict[int, tuple[Any, Sour
 _ITEM_INDEPENDENT_GUARDS = frozenset({"TYPE_MATCH", "ID_MATCH", "CLASS_MATCH"})
 
 
-def _frame_read_items(tx: "InstructionTranslatorBase", vt: VariableTracker) -> bool:
+def _frame_read_items(tx: InstructionTranslatorBase, vt: VariableTracker) -> bool:
     """Whether the frame has read which items the container behind `vt` holds (its keys,
     length, membership): Dynamo guards every such read, on the container's source."""
     guards = tx.output.guards.source_to_guards.get(vt.source, ())
@@ -137,7 +136,7 @@ def _frame_read_items(tx: "InstructionTranslatorBase", vt: VariableTracker) -> b
 
 
 def _add_appended_items(
-    tx: "InstructionTranslatorBase", vt: VariableTracker, container: dict[Any, Any], snapshot: list[Any]
+    tx: InstructionTranslatorBase, vt: VariableTracker, container: dict[Any, Any], snapshot: list[Any]
 ) -> None:
     """Extend the frame's VariableTracker of `container` (built when it held `snapshot`)
     with the items the call appended, lazily and with the sources VariableBuilder gives
@@ -171,7 +170,7 @@ class _FrameView:
     view of: a VariableTracker it built (and maybe guarded or specialised on), or
     sources an earlier init_values_once call of this frame handed to the graph."""
 
-    def __init__(self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> None:
+    def __init__(self, tx: InstructionTranslatorBase, roots: list[tuple[GuardSpec, Any, Source]]) -> None:
         side_effects = tx.output.side_effects
         handed_out = _handed_out(tx)
         seen: set[int] = set()
@@ -188,7 +187,7 @@ class _FrameView:
             if _changed(container, snapshot):
                 _restore(container, snapshot)
 
-    def reconcile(self, tx: "InstructionTranslatorBase") -> None:
+    def reconcile(self, tx: InstructionTranslatorBase) -> None:
         """After the call: bring the frame's views of what it changed up to date, or
         undo the changes and refuse when a view cannot follow them soundly."""
         changed = [entry for entry in self.entries if _changed(entry[0], entry[1])]
@@ -207,7 +206,11 @@ class _FrameView:
 
     @staticmethod
     def _cannot_follow(
-        tx: "InstructionTranslatorBase", container: Any, snapshot: list[Any], vt: VariableTracker | None, handed_out: bool
+        tx: InstructionTranslatorBase,
+        container: Any,
+        snapshot: list[Any],
+        vt: VariableTracker | None,
+        handed_out: bool,
     ) -> str | None:
         kind = type(container).__name__
         if (vt is not None or handed_out) and not _appended_only(container, snapshot):
@@ -234,7 +237,7 @@ class _FrameView:
 _HANDED_OUT: dict[int, dict[int, tuple[Any, list[Any]]]] = {}
 
 
-def _handed_out(tx: "InstructionTranslatorBase") -> dict[int, tuple[Any, list[Any]]]:
+def _handed_out(tx: InstructionTranslatorBase) -> dict[int, tuple[Any, list[Any]]]:
     key = id(tx.output)
     if key not in _HANDED_OUT:
         _HANDED_OUT[key] = {}
@@ -245,7 +248,7 @@ def _handed_out(tx: "InstructionTranslatorBase") -> dict[int, tuple[Any, list[An
 
 
 @contextlib.contextmanager
-def _guards_only(tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]) -> Iterator[None]:
+def _guards_only(tx: InstructionTranslatorBase, roots: list[tuple[GuardSpec, Any, Source]]) -> Iterator[None]:
     """The VariableTrackers built inside for containers the frame had no view of serve
     the guards only: forget them afterwards (tensors stay: they are graph inputs), so a
     later read of such a container builds a view of its state then, and a later call
@@ -313,7 +316,7 @@ class InitValuesOnceVariable(VariableTracker):
 
     def call_function(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         args: list[VariableTracker],
         kwargs: dict[str, VariableTracker],
     ) -> VariableTracker:
@@ -325,15 +328,15 @@ class InitValuesOnceVariable(VariableTracker):
 
     # -- steps a subclass may specialise ---------------------------------------
 
-    def _before_call(self, tx: "InstructionTranslatorBase") -> None:
+    def _before_call(self, tx: InstructionTranslatorBase) -> None:
         pass
 
-    def _after_call(self, tx: "InstructionTranslatorBase") -> None:
+    def _after_call(self, tx: InstructionTranslatorBase) -> None:
         pass
 
     def _real_arguments(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         bound_vts: dict[str, VariableTracker],
         filled_lists: list[tuple[VariableTracker, list[Any], list[Any]]],
     ) -> dict[str, Any]:
@@ -352,7 +355,7 @@ class InitValuesOnceVariable(VariableTracker):
 
     def _call_and_guard(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         args: list[VariableTracker],
         kwargs: dict[str, VariableTracker],
     ) -> VariableTracker:
@@ -401,7 +404,9 @@ class InitValuesOnceVariable(VariableTracker):
             (
                 list_vt,
                 [
-                    list_vt.items[i] if i < len(before) and item is before[i] else self._wrap(tx, item, tensor_sources, known)
+                    list_vt.items[i]
+                    if i < len(before) and item is before[i]
+                    else self._wrap(tx, item, tensor_sources, known)
                     for i, item in enumerate(after)
                 ],
             )
@@ -421,7 +426,7 @@ class InitValuesOnceVariable(VariableTracker):
 
     def _real_value(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         name: str,
         vt: VariableTracker,
         filled_lists: list[tuple[VariableTracker, list[Any], list[Any]]],
@@ -455,7 +460,7 @@ class InitValuesOnceVariable(VariableTracker):
             return value
         raise InlineInstead(f"argument {name!r} ({type(vt).__name__}) has no real value at trace time")
 
-    def _guard_arguments(self, tx: "InstructionTranslatorBase", bound_vts: dict[str, VariableTracker]) -> None:
+    def _guard_arguments(self, tx: InstructionTranslatorBase, bound_vts: dict[str, VariableTracker]) -> None:
         """Guard what the call depends on besides its guarded inputs: the arguments the
         frame got from outside (with a source) that no guard spec names. The compiled
         code does not call the function again while its guards pass, so each must be
@@ -470,7 +475,7 @@ class InitValuesOnceVariable(VariableTracker):
                 continue
             self._guard_argument(tx, name, vt)
 
-    def _guard_argument(self, tx: "InstructionTranslatorBase", name: str, vt: VariableTracker) -> None:
+    def _guard_argument(self, tx: InstructionTranslatorBase, name: str, vt: VariableTracker) -> None:
         from ..guards import GuardBuilder, install_guard
         from .constant import ConstantVariable
         from .lazy import LazyVariableTracker
@@ -499,7 +504,7 @@ class InitValuesOnceVariable(VariableTracker):
             install_guard(source.make_guard(GuardBuilder.ID_MATCH))
 
     def _guarded_roots(
-        self, tx: "InstructionTranslatorBase", bound_vts: dict[str, VariableTracker], real: dict[str, Any]
+        self, tx: InstructionTranslatorBase, bound_vts: dict[str, VariableTracker], real: dict[str, Any]
     ) -> list[tuple[GuardSpec, Any, Source]]:
         roots = []
         for spec in self.entry.guards:
@@ -531,7 +536,7 @@ class InitValuesOnceVariable(VariableTracker):
         return roots
 
     def _check_no_pending_mutations(
-        self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]
+        self, tx: InstructionTranslatorBase, roots: list[tuple[GuardSpec, Any, Source]]
     ) -> None:
         """The function runs on the real objects, which do not have the frame's pending
         mutations yet. Found by identity: the frame may have mutated an object under
@@ -549,7 +554,9 @@ class InitValuesOnceVariable(VariableTracker):
             for (kind, key), step_source in zip(spec.path, reversed(steps)):
                 vt = side_effects.id_to_variable.get(id(obj))
                 if vt is not None and (
-                    side_effects.has_pending_mutation_of_attr(vt, key) if kind == "attr" else side_effects.is_modified(vt)
+                    side_effects.has_pending_mutation_of_attr(vt, key)
+                    if kind == "attr"
+                    else side_effects.is_modified(vt)
                 ):
                     raise InlineInstead(f"{step_source.name} has pending mutations in the frame")
                 obj = getattr(obj, key) if kind == "attr" else obj[key]
@@ -561,7 +568,7 @@ class InitValuesOnceVariable(VariableTracker):
                 raise InlineInstead(f"{source.name} has pending mutations in the frame{alias}")
 
     def _install_guards(
-        self, tx: "InstructionTranslatorBase", roots: list[tuple[GuardSpec, Any, Source]]
+        self, tx: InstructionTranslatorBase, roots: list[tuple[GuardSpec, Any, Source]]
     ) -> dict[int, Source]:
         """Guard every named input (post-call state) pytree-style, whether or not the
         frame reads it later: the function may have iterated any of it. Return the
@@ -587,15 +594,21 @@ class InitValuesOnceVariable(VariableTracker):
                             # A dict key is matched by identity: prefer any other source.
                             tensor_sources[id(node)] = node_source
                             tensors[id(node)] = (node, spec)
-        # Grads once every tensor has its preferred source.
+        # Grads once every tensor has its preferred source; one label per spec.
+        by_spec: dict[int, list[torch.Tensor]] = {}
         for tensor, spec in tensors.values():
+            by_spec.setdefault(id(spec), []).append(tensor)
+        for spec, _, _ in roots:
+            if id(spec) not in by_spec:
+                continue
             with _label_guards(tx, self.entry, spec):
-                self._guard_grad(tx, tensor, tensor_sources[id(tensor)], tensor_sources)
+                for tensor in by_spec.pop(id(spec)):
+                    self._guard_grad(tx, tensor, tensor_sources[id(tensor)], tensor_sources)
         return tensor_sources
 
     @staticmethod
     def _guard_grad(
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         tensor: torch.Tensor,
         source: Source,
         tensor_sources: dict[int, Source],
@@ -617,7 +630,7 @@ class InitValuesOnceVariable(VariableTracker):
             tensor_sources.setdefault(id(tensor.grad), grad_source)
 
     def _wrap_tensor(
-        self, tx: "InstructionTranslatorBase", tensor: torch.Tensor, tensor_sources: dict[int, Source]
+        self, tx: InstructionTranslatorBase, tensor: torch.Tensor, tensor_sources: dict[int, Source]
     ) -> VariableTracker:
         source = tensor_sources.get(id(tensor))
         if source is None:
@@ -631,10 +644,10 @@ class InitValuesOnceVariable(VariableTracker):
 
     def _wrap(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         value: Any,
         tensor_sources: dict[int, Source],
-        known: dict[int, "VariableTracker | Source"],
+        known: dict[int, VariableTracker | Source],
     ) -> VariableTracker:
         """A VariableTracker for something the function returned or put into a list."""
         from .builder import SourcelessBuilder
@@ -652,7 +665,8 @@ class InitValuesOnceVariable(VariableTracker):
             # Reachable from a guarded input: the real object, not a copy.
             return VariableTracker.build(tx, value, found)
         if type(value) is list:
-            return ListVariable([self._wrap(tx, v, tensor_sources, known) for v in value], mutation_type=ValueMutationNew())
+            items = [self._wrap(tx, v, tensor_sources, known) for v in value]
+            return ListVariable(items, mutation_type=ValueMutationNew())
         if type(value) is tuple:
             return TupleVariable([self._wrap(tx, v, tensor_sources, known) for v in value])
         if isinstance(value, (dict, set)):
@@ -663,7 +677,7 @@ class InitValuesOnceVariable(VariableTracker):
             raise InlineInstead(f"it returned a {type(value).__name__}, which has no source") from None
 
 
-def _guard_dict_keys(tx: "InstructionTranslatorBase", value: dict[Any, Any], source: Source) -> None:
+def _guard_dict_keys(tx: InstructionTranslatorBase, value: dict[Any, Any], source: Source) -> None:
     """A dict's keys and their order, as tracing an iteration over it guards them."""
     from ..guards import GuardBuilder, install_guard
 
@@ -678,20 +692,25 @@ def _guard_dict_keys(tx: "InstructionTranslatorBase", value: dict[Any, Any], sou
 
 
 @contextlib.contextmanager
-def _label_guards(tx: "InstructionTranslatorBase", entry: InitValuesOnceFunction, spec: GuardSpec) -> Iterator[None]:
-    """Guards installed inside carry `init_values_once[<spec>]` as their frame name, so
-    TORCH_LOGS=guards and recompile reasons say which spec they came from."""
+def _label_guards(tx: InstructionTranslatorBase, entry: InitValuesOnceFunction, spec: GuardSpec) -> Iterator[None]:
+    """Guards installed inside get a user stack that ends in a call of the function,
+    named `init_values_once[<spec>] of <function>`, so TORCH_LOGS=guards and recompile
+    reasons say which spec they came from. The frame is pushed with
+    TracingContext.current_frame, as inlining a call pushes its caller's frame; the
+    caller's own location stays on the stack above it."""
+    import traceback
+
     from torch._guards import TracingContext
 
-    context = TracingContext.get()
-    saved = context.loc_in_frame, context.loc_in_frame_positions
     code = entry.fn.__code__
-    context.loc_in_frame = (code.co_filename, code.co_firstlineno, f"init_values_once[{spec.text}] of {entry.fn.__qualname__}")
-    context.loc_in_frame_positions = None
-    try:
+    callee = traceback.FrameSummary(
+        code.co_filename,
+        code.co_firstlineno,
+        f"init_values_once[{spec.text}] of {entry.fn.__qualname__}",
+        lookup_line=False,
+    )
+    with TracingContext.current_frame(tx.frame_summary()), TracingContext.current_frame(callee):
         yield
-    finally:
-        context.loc_in_frame, context.loc_in_frame_positions = saved
 
 
 def maybe_init_values_once_variable(fn: Any) -> InitValuesOnceVariable | None:

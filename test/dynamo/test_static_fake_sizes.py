@@ -1,0 +1,138 @@
+# Owner(s): ["module: dynamo"]
+"""Fake tensors of inputs with static shapes skip ShapeEnv's per-dimension symbol setup."""
+
+import unittest.mock
+
+import torch
+import torch._dynamo.test_case
+import torch._dynamo.testing
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+
+def step(tensors):
+    with torch.no_grad():
+        torch._foreach_mul_(tensors, 0.5)
+    return tensors[0].sum()
+
+
+def count_create_symbol():
+    calls = []
+    original = ShapeEnv.create_symbol
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("val"))
+        return original(self, *args, **kwargs)
+
+    return calls, unittest.mock.patch.object(ShapeEnv, "create_symbol", counting)
+
+
+def compile_and_check(test, make_inputs, calls=3, **config):
+    """Compile `step` over the inputs `make_inputs(i)` gives for call i, compare
+    with eager, and return the frame count and the recompile reasons."""
+    counter = torch._dynamo.testing.CompileCounter()
+    with torch._dynamo.config.patch(**config):
+        compiled = torch.compile(step, backend=counter)
+        for i in range(calls):
+            compiled_inputs, eager_inputs = make_inputs(i), make_inputs(i)
+            test.assertEqual(compiled(compiled_inputs), step(eager_inputs))
+            test.assertEqual(compiled_inputs, eager_inputs)
+        reasons = list(torch._dynamo.utils.guard_failures[step.__code__])
+    return counter.frame_count, reasons
+
+
+class StaticFakeSizesTests(torch._dynamo.test_case.TestCase):
+    def test_no_symbol_setup_for_static_inputs(self):
+        # 1,000 same-shaped static tensors: the sizes need no symbol at all.
+        tensors = [torch.randn(4, 4) for _ in range(1000)]
+        for fast, expect_calls in ((True, False), (False, True)):
+            torch._dynamo.reset()
+            calls, patch = count_create_symbol()
+            with patch, torch._dynamo.config.patch(static_fake_sizes_fast_path=fast):
+                counter = torch._dynamo.testing.CompileCounter()
+                expected = step([t.clone() for t in tensors])
+                actual = torch.compile(step, backend=counter)(tensors)
+            self.assertEqual(actual, expected)
+            self.assertEqual(counter.frame_count, 1)
+            if expect_calls:
+                # Without the fast path: both sizes and the offset of every tensor
+                # (the strides follow from the sizes).
+                self.assertEqual(len(calls), 1000 * 3)
+            else:
+                self.assertEqual(calls, [])
+
+    def test_dynamic_inputs_still_get_symbols(self):
+        torch._dynamo.reset()
+        x = torch.randn(5, 4)
+        torch._dynamo.mark_dynamic(x, 0)
+        counter = torch._dynamo.testing.CompileCounter()
+        compiled = torch.compile(lambda t: t * 2, backend=counter)
+        calls, patch = count_create_symbol()
+        with patch:
+            self.assertEqual(compiled(x), x * 2)
+            y = torch.randn(7, 4)
+            self.assertEqual(compiled(y), y * 2)
+        self.assertIn(5, calls)
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_guards_still_catch_metadata_changes(self):
+        # Each later call changes one property of the first tensor: the guards of a
+        # fast-path fake tensor must catch it exactly as without the fast path.
+        def make(change):
+            def inputs(i):
+                torch.manual_seed(0)
+                tensors = [torch.randn(4, 4) for _ in range(20)]
+                if i == 0:
+                    return tensors
+                first = tensors[0]
+                if change == "stride":
+                    tensors[0] = first.t().contiguous().t()
+                elif change == "dtype":
+                    tensors = [t.double() for t in tensors]
+                elif change == "requires_grad":
+                    tensors[0] = first.requires_grad_()
+                elif change == "size":
+                    tensors[0] = torch.randn(4, 5)
+                return tensors
+
+            return inputs
+
+        for change in ("stride", "dtype", "requires_grad", "size"):
+            results = []
+            for fast in (True, False):
+                torch._dynamo.reset()
+                torch._dynamo.utils.guard_failures.clear()
+                results.append(
+                    compile_and_check(
+                        self,
+                        make(change),
+                        calls=2,
+                        static_fake_sizes_fast_path=fast,
+                        automatic_dynamic_shapes=False,
+                    )
+                )
+            with self.subTest(change=change):
+                (frames, reasons), (frames_off, reasons_off) = results
+                self.assertEqual(frames, 2)
+                self.assertEqual((frames, reasons), (frames_off, reasons_off))
+                self.assertEqual(len(reasons), 1)
+                self.assertIn("tensors[0]", reasons[0])
+
+    def test_automatic_dynamic_recompile_matches(self):
+        # A size change marks the dimension dynamic on the recompile: same frames,
+        # same reasons, and the recompiled frame serves a third size.
+        def inputs(i):
+            return [torch.ones(4 + i, 4) for _ in range(3)]
+
+        results = []
+        for fast in (True, False):
+            torch._dynamo.reset()
+            torch._dynamo.utils.guard_failures.clear()
+            results.append(compile_and_check(self, inputs, calls=3, static_fake_sizes_fast_path=fast))
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(results[0][0], 2)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
