@@ -23,8 +23,14 @@ Steps (parameters 4x4 float32, fresh grads every step as zero_grad(set_to_none=T
   once   OnceSGD of scripts/bench_skip_guard.py (an init_values_once _init_group); on
          the stock side the same class traced through (init_values_once does not exist)
 
-With `jax` and `optax` importable, the patched side also times optax's sgd/adam/adamw
-(first call: trace + compile, then the steady call) on the same shapes.
+Plus, with --inductor-sizes (default: 1000 when it is among --sizes), Adam compiled
+with backend="inductor" on both sides (a row "adam-ind"). With --jax and `jax` +
+`optax` importable, the patched side also times optax's sgd/adam/adamw (first call:
+trace + compile, then the steady call) on the same shapes.
+
+Every steady-state figure is the median of --rounds rounds of --calls calls; the
+worker's progress (one JSON line per row) goes to stderr as it runs. N=3000 compiles
+take minutes each: choose rows with --sizes and --kinds.
 
 Run the stock and patched workers one after the other (never at once: CPU time is
 the measure, but two processes on a 2-core machine still disturb each other).
@@ -84,15 +90,20 @@ def _install_markers(timeline: _Timeline) -> None:
     dynamo_utils.record_pregraph_bytecode_exit = exit_
 
 
-def _timed_backend(timeline: _Timeline):
-    """backend="eager", with the graph's run time marked."""
+def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
+    """backend="eager" (or "inductor"), with the graph's run time marked."""
 
     def backend(gm: Any, example_inputs: Any) -> Any:
-        forward = gm.forward
+        if backend_name == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            compiled = compile_fx(gm, example_inputs)  # called like gm.forward
+        else:
+            compiled = gm.forward
 
         def run(*args: Any) -> Any:
             timeline.mark("graph_start")
-            out = forward(*args)
+            out = compiled(*args)
             timeline.mark("graph_end")
             return out
 
@@ -171,7 +182,9 @@ def _median_us(samples: list[float]) -> float:
     return statistics.median(samples) / 1e3
 
 
-def bench_torch(kind: str, n: int, steps: int, rounds: int, calls: int) -> dict[str, Any]:
+def bench_torch(
+    kind: str, n: int, steps: int, rounds: int, calls: int, backend: str = "eager"
+) -> dict[str, Any]:
     import torch
     import torch._dynamo
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -180,7 +193,7 @@ def bench_torch(kind: str, n: int, steps: int, rounds: int, calls: int) -> dict[
     torch._dynamo.reset()
     timeline = _Timeline()
     _install_markers(timeline)
-    counter = CompileCounterWithBackend(_timed_backend(timeline))
+    counter = CompileCounterWithBackend(_timed_backend(timeline, backend))
     torch._dynamo.config.recompile_limit = max(8, steps + 2)  # stock `once` recompiles every step
     params = _params(n, 0)
     opt = _make_optimizer(kind, params)
@@ -249,7 +262,8 @@ def bench_torch(kind: str, n: int, steps: int, rounds: int, calls: int) -> dict[
 
     call, before, graph, guard = map(_median_us, (call_ns, before_ns, graph_ns, guard_ns))
     return {
-        "kind": kind,
+        "kind": kind if backend == "eager" else f"{kind}-ind",
+        "backend": backend,
         "n": n,
         "first_s": first,
         "total_s": total,
@@ -306,6 +320,9 @@ def worker(args: argparse.Namespace) -> None:
         for kind in args.kinds:
             results.append(bench_torch(kind, n, args.steps, args.rounds, args.calls))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        if n in args.inductor_sizes:
+            results.append(bench_torch("adam", n, args.steps, args.rounds, args.calls, "inductor"))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     jax_results = []
     if args.jax:
         for n in args.sizes:
@@ -313,7 +330,8 @@ def worker(args: argparse.Namespace) -> None:
                 r = bench_jax(kind, n, args.rounds, args.calls)
                 if r is not None:
                     jax_results.append(r)
-    json.dump({"torch": torch.__version__, "results": results, "jax": jax_results}, sys.stdout)
+    json.dump({"torch": torch.__version__, "results": results, "jax": jax_results,
+               "rounds": args.rounds, "calls": args.calls}, sys.stdout)
 
 
 # --------------------------------------------------------------------- driver side
@@ -334,13 +352,15 @@ def find_stock_python(explicit: str | None) -> str:
 def run_worker(python: str, args: argparse.Namespace, jax: bool) -> dict[str, Any]:
     cmd = [python, str(Path(__file__).resolve()), "--worker", "--sizes", *map(str, args.sizes),
            "--kinds", *args.kinds, "--steps", str(args.steps), "--rounds", str(args.rounds),
-           "--calls", str(args.calls)]
+           "--calls", str(args.calls), "--inductor-sizes", *map(str, args.inductor_sizes)]
     if jax:
         cmd.append("--jax")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    print(f"[{python}]", file=sys.stderr, flush=True)
+    # stderr (the worker's progress) goes straight to ours.
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     if proc.returncode != 0:
-        raise SystemExit(f"worker {python} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"worker {python} failed ({proc.returncode})")
     return json.loads(proc.stdout)
 
 
@@ -352,10 +372,11 @@ def _fmt_split(r: dict[str, Any]) -> str:
 
 def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
     versus = f"stock torch {stock['torch']}  vs  " if stock else ""
-    print(f"{versus}patched torch {patched['torch']}; backend=eager, CPU time, "
+    print(f"{versus}patched torch {patched['torch']}; backend=eager (adam-ind: inductor), CPU time, "
           "params 4x4 fp32, fresh grads every step")
-    print("split columns: µs per call, µs per tensor")
-    head = (f"| {'N':>5} | {'step':<5} | {'side':<7} | {'1st compile s':>13} | {'all compiles s':>14} | "
+    print(f"steady figures: medians of {patched.get('rounds', '?')} rounds x {patched.get('calls', '?')} calls; "
+          "split columns: µs per call, µs per tensor")
+    head = (f"| {'N':>5} | {'step':<8} | {'side':<7} | {'1st compile s':>13} | {'all compiles s':>14} | "
             f"{'frames':>6} | {'call µs':>8} | {'eager µs':>8} | {'call/eager':>10} | "
             f"{'guard':>15} | {'before graph':>15} | {'graph':>15} | {'after graph':>15} |")
     print(head)
@@ -368,7 +389,7 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
             if r is None:
                 continue
             note = "*" if r["recompiled_steady"] else ""
-            print(f"| {r['n']:>5} | {r['kind']:<5} | {side:<7} | {r['first_s']:>13.2f} | {r['total_s']:>14.2f} | "
+            print(f"| {r['n']:>5} | {r['kind']:<8} | {side:<7} | {r['first_s']:>13.2f} | {r['total_s']:>14.2f} | "
                   f"{r['frames']:>5}{note:1} | {r['call_us']:>8.0f} | {r['eager_us']:>8.0f} | "
                   f"{r['call_us'] / r['eager_us']:>9.2f}x | {_fmt_split(r)} |")
     print("(* = still recompiling in the steady state)")
@@ -380,16 +401,28 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
         versus = (f"first compile {s['first_s'] / p['first_s']:5.2f}x  all compiles "
                   f"{s['total_s'] / max(p['total_s'], 1e-9):5.2f}x  call {s['call_us'] / p['call_us']:5.2f}x  "
                   if s else "")
-        print(f"  N={p['n']:<5} {p['kind']:<5} {versus}"
+        print(f"  N={p['n']:<5} {p['kind']:<8} {versus}"
               f"patched call/eager {p['call_us'] / p['eager_us']:4.2f}x  patched before+after {around:6.0f} ns/tensor")
     sizes = sorted({r["n"] for r in patched["results"]})
     if 1000 in sizes and 3000 in sizes:
-        print("scaling N=3000 vs N=1000 (patched, per-tensor ratio of call and first compile):")
+        print("scaling N=3000 vs N=1000 (patched, ratio of per-tensor costs; linear = 1.00x):")
         for kind in sorted({r["kind"] for r in patched["results"]}):
             a, b = key.get((1000, kind)), key.get((3000, kind))
             if a and b:
-                print(f"  {kind:<5} call {b['call_us'] / 3 / a['call_us']:4.2f}x  first compile "
+                around_a = max(a["before_us"] + a["after_us"], 1e-9)
+                print(f"  {kind:<8} call {b['call_us'] / 3 / a['call_us']:4.2f}x  before+after "
+                      f"{(b['before_us'] + b['after_us']) / 3 / around_a:4.2f}x  first compile "
                       f"{b['first_s'] / 3 / a['first_s']:4.2f}x")
+    print()
+    print("medians over the rows of each side (call/eager; before+after ns per tensor):")
+    for side, data in (("stock", stock), ("patched", patched)):
+        if data is None:
+            continue
+        rows = [r for r in data["results"] if r.get("backend", "eager") == "eager"]
+        if rows:
+            ratio = statistics.median(r["call_us"] / r["eager_us"] for r in rows)
+            around = statistics.median((r["before_us"] + r["after_us"]) / r["n"] * 1e3 for r in rows)
+            print(f"  {side:<7} call/eager {ratio:4.2f}x  before+after {around:6.0f} ns/tensor")
     if patched.get("jax"):
         print()
         print("JAX + optax (patched side's python): first call CPU s (trace + compile), steady call µs")
@@ -408,12 +441,16 @@ def main() -> None:
     parser.add_argument("--stock-python", help="python of a venv with unpatched torch")
     parser.add_argument("--no-stock", action="store_true", help="patched side only")
     parser.add_argument("--jax", action="store_true", help="also time JAX+optax when importable")
+    parser.add_argument("--inductor-sizes", type=int, nargs="*", default=None,
+                        help="N of the backend=inductor Adam rows (default: 1000 if among --sizes; none: no rows)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sizes is None:
         args.sizes = [100, 1000] if args.quick else [100, 1000, 3000]
     if args.quick:
         args.rounds, args.calls = min(args.rounds, 5), min(args.calls, 3)
+    if args.inductor_sizes is None:
+        args.inductor_sizes = [1000] if 1000 in args.sizes and not args.worker else []
     if args.worker:
         worker(args)
         return

@@ -43,7 +43,7 @@ class BenchOptimizerStepTest(unittest.TestCase):
             "--rounds", "1", "--calls", "1",
         )
         # | N | step | side | 1st compile | all compiles | frames | call | eager | ratio | 4 splits |
-        rows = re.findall(r"^\|\s+12 \| (\w+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?)\s*\|", out, re.MULTILINE)
+        rows = re.findall(r"^\|\s+12 \| ([\w-]+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?)\s*\|", out, re.MULTILINE)
         # torch.optim.SGD compiles twice (its first step has no momentum buffers); the
         # init_values_once step once; none still recompiles in the steady state.
         self.assertEqual({kind: int(frames) for kind, frames, _ in rows}["once"], 1, out)
@@ -51,6 +51,16 @@ class BenchOptimizerStepTest(unittest.TestCase):
         self.assertEqual(sorted(kind for kind, _, _ in rows), ["adam", "adamw", "once", "sgd"], out)
         self.assertEqual([star for _, _, star in rows], ["", "", "", ""], out)
         self.assertIn("patched before+after", out)
+
+    def test_inductor_adam_row(self):
+        out = run_script(
+            "bench_optimizer_step.py", "--no-stock", "--sizes", "12", "--kinds", "sgd", "--steps", "2",
+            "--rounds", "1", "--calls", "1", "--inductor-sizes", "12",
+        )
+        rows = re.findall(r"^\|\s+12 \| ([\w-]+)\s+\| patched \|[^|]+\|[^|]+\|\s+(\d+)(\*?)\s*\|", out, re.MULTILINE)
+        # backend="inductor" Adam after the chosen steps; it compiles once.
+        self.assertEqual(rows, [("sgd", "2", ""), ("adam-ind", "1", "")], out)
+        self.assertIn("medians over the rows", out)
 
 
 class BenchGuardsTest(unittest.TestCase):
