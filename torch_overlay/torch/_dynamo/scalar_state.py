@@ -27,6 +27,7 @@ mutable place:
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -166,3 +167,57 @@ def wrap_changed_scalar(builder: "VariableBuilder", value: int) -> "VariableTrac
 
     recompiles_log.info("%s changed between calls: it is now traced as a dynamic SymInt", builder.source.name)
     return wrap_mutated_module_scalar(builder, value)
+
+
+def call_math_pow(
+    tx: InstructionTranslatorBase, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> VariableTracker | None:
+    """``math.pow(x, y)`` with a SymInt or SymFloat operand (a bias correction
+    ``1 - math.pow(beta, group['step'])`` on a traced step), which the graph would
+    otherwise call on the SymInt, specializing it on its value: one recompile per step.
+
+    math.pow(x, y) is C pow() of the two doubles, as ``float(x) ** float(y)`` is, where
+    neither raises: traced as that when x > 0 and x ** y lies in (0, 1] (x <= 1 and
+    y >= 0, or x >= 1 and y <= 0; no ValueError, no OverflowError), under guards on
+    those relations of the symbolic operands. Otherwise None (the value is specialized
+    as before)."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool
+
+    from .variables.builtin import BuiltinVariable
+    from .variables.constant import ConstantVariable
+    from .variables.tensor import SymNodeVariable
+
+    if kwargs or len(args) != 2:
+        return None
+    args = [a.realize() for a in args]
+    if not any(isinstance(a, SymNodeVariable) for a in args):
+        return None
+    hints = []
+    for a in args:
+        if isinstance(a, SymNodeVariable):
+            if a.python_type() not in (int, float) or not a.sym_num.node.has_hint():
+                return None
+            hints.append(a.sym_num.node.hint)
+        elif a.is_python_constant() and type(a.as_python_constant()) in (int, float):
+            hints.append(a.as_python_constant())
+        else:
+            return None
+    (x, y), (hx, hy) = args, hints
+    if not hx > 0:
+        return None
+    if hx <= 1 and hy >= 0:
+        relations = ((x, operator.gt, 0), (x, operator.le, 1), (y, operator.ge, 0))
+    elif hx >= 1 and hy <= 0:
+        relations = ((x, operator.ge, 1), (y, operator.le, 0))
+    else:
+        return None
+    for vt, op, bound in relations:
+        if isinstance(vt, SymNodeVariable):
+            guard_bool(op(vt.sym_num, bound))  # holds on this frame's values: guards it
+    floats = [
+        BuiltinVariable(float).call_function(tx, [a], {})
+        if isinstance(a, SymNodeVariable)
+        else ConstantVariable.create(float(a.as_python_constant()))
+        for a in args
+    ]
+    return BuiltinVariable(operator.pow).call_function(tx, floats, {})
