@@ -221,3 +221,28 @@ def call_math_pow(
         for a in args
     ]
     return BuiltinVariable(operator.pow).call_function(tx, floats, {})
+
+
+def on_dict_method_store(
+    container: VariableTracker, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> None:
+    """``d.update(...)`` and ``d.__setitem__(k, v)`` on a dict: each stored entry as
+    STORE_SUBSCR (on_store_subscr). ``update`` with a dict or keyword arguments; its
+    iterable-of-pairs form is left as it is (no number entered a place it names)."""
+    from .variables.constant import ConstantVariable
+    from .variables.dicts import ConstDictVariable
+
+    if not stores_enabled() or container.source is None:
+        return
+    if name == "__setitem__" and len(args) == 2 and not kwargs:
+        on_store_subscr(container, args[0], args[1])
+    elif name == "update" and len(args) <= 1:
+        pairs = []
+        if args:
+            other = args[0].realize()
+            if not isinstance(other, ConstDictVariable):
+                return
+            pairs = [(k.vt, v) for k, v in other.items.items()]
+        pairs += [(ConstantVariable.create(k), v) for k, v in kwargs.items()]
+        for key, value in pairs:
+            on_store_subscr(container, key, value)
