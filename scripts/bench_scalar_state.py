@@ -300,7 +300,11 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
             if note:
                 result["notes"].append(note)
             import timm
+            import timm.optim  # noqa: F401
 
+            # Importing timm.optim (its kron module) sets torch._dynamo.config.cache_size_limit
+            # = 1_000_000: imported here, before --recompile-limit is set below, or the timm
+            # rows would recompile without ever hitting the limit.
             result["notes"].append(f"timm {timm.__version__}")
         elif spec.package == "pytorch_optimizer":
             from importlib.metadata import version

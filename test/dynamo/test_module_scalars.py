@@ -72,7 +72,7 @@ class Decay(torch.nn.Module):
 
 
 class DecayBranch(Decay):
-    """The value steers control flow: a comparison is not traced on the tensor form."""
+    """The value steers control flow: the comparison guards the relation."""
 
     def forward(self, x):
         self.temp *= 0.9
@@ -611,16 +611,18 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         cnt = self.run_float(DecayNan, CompileCounter(), calls=4)
         self.assertEqual(cnt.frame_count, 1)
 
-    def test_float_branch_graph_breaks_without_recompiling(self):
-        # The comparison graph-breaks (the rest of the frame sees the real float):
-        # one graph before it and one per branch taken, none recompiled on the value.
-        # Stock: 3 frames (eager backend), 8 (aot_eager).
+    def test_float_branch_guards_the_relation(self):
+        # `self.temp < 0.5` is decided under a guard on that relation of the value's
+        # Python expression: one recompile when temp passes 0.5 (the 7th call), no
+        # graph break, no guard on the value. Stock: 3 frames (eager backend), 8 (aot_eager).
         for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
             torch._dynamo.reset()
             counters.clear()
             cnt = self.run_float(DecayBranch, backend)
-            self.assertEqual(cnt.frame_count, 3)
-            self.assertEqual(self.float_graph_breaks(), 1)
+            self.assertEqual(cnt.frame_count, 2)
+            self.assertEqual(self.float_graph_breaks(), 0)
+            reasons = "\n".join(guard_failures[DecayBranch.forward.__code__])
+            self.assertIn("not ((self.temp * 0.9) < 0.5)", reasons)
 
     def test_float_escaping_into_list(self):
         # The list grows, so its length guard recompiles as in stock.

@@ -5,6 +5,7 @@ traced symbolically from their first store; ints specialized on their value what
 automatic dynamic says become dynamic after one observed change (scalar_state.py)."""
 
 import copy
+import math
 
 import torch
 import torch._dynamo.test_case
@@ -232,6 +233,168 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 3)
 
 
+class EmaLrOpt(StepStateOpt):
+    """timm LaProp's step size: a float EMA of the lr in per-parameter state, compared
+    with 0. and passed to the kernel as ``alpha=``."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["ema_lr"] = 0.0
+                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                step_size = group["lr"] / state["ema_lr"] if state["ema_lr"] != 0.0 else 0.0
+                p.add_(p.grad, alpha=-step_size)
+
+
+class EmaWarmupOpt(StepStateOpt):
+    """A branch on a float EMA that flips once (the EMA of the lr passes half the lr)."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["ema_lr"] = 0.0
+                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                if state["ema_lr"] > 0.5 * group["lr"]:
+                    p.sub_(p.grad * state["ema_lr"])
+                else:
+                    p.sub_(p.grad * group["lr"])
+
+
+class GroupPowOpt(StepStateOpt):
+    """pytorch-optimizer's bias corrections: ``math.pow(beta, group['step'])``."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            if "step" not in group:
+                group["step"] = 0
+            group["step"] += 1
+            bias_correction = 1.0 - math.pow(group["beta"], group["step"])
+            for p in group["params"]:
+                p.sub_(p.grad * (group["lr"] / math.sqrt(bias_correction)))
+
+
+class StatePowOpt(StepStateOpt):
+    """timm AdaBelief's bias corrections on an int per-parameter step: ``beta ** step``
+    and ``math.pow``, passed as ``value=``."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                state["step"] += 1
+                bias_correction1 = 1 - group["beta"] ** state["step"]
+                bias_correction2 = 1 - math.pow(0.99, state["step"])
+                denom = torch.ones_like(p) * math.sqrt(bias_correction2)
+                p.addcdiv_(p.grad, denom, value=-group["lr"] / bias_correction1)
+
+
+class UpdateStateOpt(StepStateOpt):
+    """Steps and an EMA stored through dict.update and dict.__setitem__ calls (the
+    group's step created by setdefault on the first call)."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            group.setdefault("step", 0)
+            group.update(step=group["step"] + 1)
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["ema"] = 0.0
+                    state["count"] = 0
+                state.update({"ema": state["ema"] * group["beta"] + (1 - group["beta"]) * group["lr"]})
+                state.__setitem__("count", state["count"] + 1)
+                p.sub_(p.grad * (state["ema"] / state["count"]) / group["step"])
+
+
+def pow_of_counter(x, c):
+    c.count += 1
+    return x * math.pow(2.0, c.count) + math.pow(c.count, -0.5)
+
+
+class FloatComparePowTests(torch._dynamo.test_case.TestCase):
+    """Float state compared and passed as a kernel's Scalar argument, and bias corrections
+    ``beta ** step`` / ``math.pow(beta, step)`` on a traced int step: one graph after the
+    first call fills the state (issue 13: timm LaProp, timm and pytorch-optimizer AdaBelief)."""
+
+    def run_opt(self, cls, backend, calls=6, exact=True):
+        # Inductor computes `p.add_(g, alpha=s)` as a multiply and an add; the CPU kernel
+        # fuses them (the same on the first call, where s is a constant): compared with
+        # the default tolerances there.
+        if exact:
+            return ScalarStateTests.run_opt(self, cls, backend, calls)
+        torch.manual_seed(0)
+        params = [torch.randn(4, requires_grad=True), torch.randn(3, requires_grad=True)]
+        copies = [[p.detach().clone().requires_grad_() for p in params] for _ in range(2)]
+        eager, compiled = cls(copies[0]), cls(copies[1])
+        fn = torch.compile(opt_step, backend=backend)
+        for i in range(calls):
+            for ps in copies:
+                for j, p in enumerate(ps):
+                    p.grad = torch.full_like(p, 0.1 * (i + j + 1))
+            opt_step(eager)
+            fn(compiled)
+            groups, states, values = state_of(compiled)
+            eager_groups, eager_states, eager_values = state_of(eager)
+            self.assertEqual((groups, states), (eager_groups, eager_states), atol=0, rtol=0)
+            self.assertEqual(values, eager_values)
+        return backend
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_float_ema_compared_and_passed_as_alpha(self, backend):
+        # `ema != 0.` is decided under a guard on that relation, `alpha=-step_size` reads
+        # the float64 tensor with item(). Without this patch: a recompile per step.
+        cnt = self.run_opt(EmaLrOpt, CompileCounterWithBackend(backend), exact=backend != "inductor")
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(dict(torch._dynamo.utils.counters["graph_break"]), {})
+        (reason,) = guard_failures[opt_step.__code__]
+        self.assertIn("not opt.state", reason)  # the first call filled the state; no value guard failed since
+
+    def test_float_branch_flip_recompiles_once(self):
+        # The EMA passes lr / 2 at the 7th call: the guard on the relation fails once.
+        cnt = self.run_opt(EmaWarmupOpt, CompileCounterWithBackend("aot_eager"), calls=10)
+        self.assertEqual(cnt.frame_count, 3)
+        reasons = "\n".join(guard_failures[opt_step.__code__])
+        self.assertIn("> 0.05)", reasons)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_math_pow_on_param_group_step(self, backend):
+        # Without this patch math.pow specializes the SymInt: a recompile per step
+        # until the recompile limit.
+        cnt = self.run_opt(GroupPowOpt, CompileCounterWithBackend(backend), calls=10)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_pow_and_math_pow_on_state_step(self, backend):
+        cnt = self.run_opt(StatePowOpt, CompileCounterWithBackend(backend), exact=backend != "inductor")
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_stores_through_dict_update_and_setitem(self, backend):
+        # Without this patch: 3 frames with the eager backend (the int steps become
+        # dynamic after a change), a recompile per step under aot_eager (the EMA).
+        cnt = self.run_opt(UpdateStateOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_math_pow_outside_0_1_stays_specialized(self):
+        # 2.0 ** step grows without bound (math.pow raises OverflowError where the
+        # graph would not): specialized, as without this patch; step ** -0.5 is traced.
+        cnt = ScalarStateTests.run_fn(self, pow_of_counter, PlainCounter, CompileCounterWithBackend("eager"), calls=4)
+        self.assertEqual(cnt.frame_count, 4)
+        reasons = "\n".join(guard_failures[pow_of_counter.__code__])
+        self.assertIn("c.count == 1", reasons)
+
+
 class CounterNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -281,6 +444,7 @@ class ChangedScalarTests(torch._dynamo.test_case.TestCase):
 
 instantiate_parametrized_tests(ScalarStateTests)
 instantiate_parametrized_tests(ChangedScalarTests)
+instantiate_parametrized_tests(FloatComparePowTests)
 
 
 if __name__ == "__main__":

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
 from . import config
-from .exc import raise_observed_exception, UnspecializeRestartAnalysis
-
+from .exc import UnspecializeRestartAnalysis, raise_observed_exception
 
 if TYPE_CHECKING:
     import sympy
@@ -60,7 +59,7 @@ SCALAR_TYPES = (int,)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def code_state(tx: "InstructionTranslatorBase") -> Any:
+def code_state(tx: InstructionTranslatorBase) -> Any:
     """The PGO CodeState that keeps the marks of the frame `tx` traces: its root
     frame's, or for a resume function after a graph break, the original frame's (its
     locals keep their names, so the rest of the frame sees the same places marked)."""
@@ -75,7 +74,7 @@ def code_state(tx: "InstructionTranslatorBase") -> Any:
     return get_code_state()[CodeId.make(code, root.closure)]
 
 
-def _marked_names(tx: "InstructionTranslatorBase", field: str = "mutated_module_scalars") -> set[str]:
+def _marked_names(tx: InstructionTranslatorBase, field: str = "mutated_module_scalars") -> set[str]:
     state = code_state(tx)
     marked = getattr(state, field, None)
     if marked is None:  # a CodeState unpickled from a profile written before the field existed
@@ -90,7 +89,7 @@ def enabled() -> bool:
     return config.dynamic_mutated_module_scalars and config.automatic_dynamic_shapes
 
 
-def is_mutated_module_scalar(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+def is_mutated_module_scalar(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
     """True if `source` names a module scalar that this code is known to mutate."""
     if not enabled() or type(value) not in SCALAR_TYPES:
         return False
@@ -102,7 +101,7 @@ def is_mutated_module_scalar(tx: "InstructionTranslatorBase", source: "Source", 
     return name in _marked_names(tx) and name not in _marked_names(tx, "specialized_module_scalars")
 
 
-def wrap_mutated_module_scalar(builder: "VariableBuilder", value: int) -> "VariableTracker":
+def wrap_mutated_module_scalar(builder: VariableBuilder, value: int) -> VariableTracker:
     """The marked scalar at builder.source as a DYNAMIC SymInt graph input, each int
     the graph computes from it checked by the graph's _Int64Check."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic
@@ -129,7 +128,7 @@ class _Int64Check:
     this frame's values, analysis restarts with its scalars specialized."""
 
     def __init__(self, specialized: set[str]) -> None:
-        self.symbols: dict["sympy.Symbol", str] = {}
+        self.symbols: dict[sympy.Symbol, str] = {}
         self.specialized = specialized
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -168,7 +167,7 @@ DIVISIONS = frozenset(
 )
 
 
-def raise_on_zero_int_divisor(tx: "InstructionTranslatorBase", fn: Any, args: list["VariableTracker"]) -> None:
+def raise_on_zero_int_divisor(tx: InstructionTranslatorBase, fn: Any, args: list[VariableTracker]) -> None:
     """`fn(a, n)` (fn in DIVISIONS) with a number a and a SymInt n (a traced counter):
     Python raises ZeroDivisionError when n is 0, where fake-tensor propagation of the
     SymInt operation fails the compile (and a graph compiled for n != 0 would divide
@@ -202,7 +201,7 @@ def raise_on_zero_int_divisor(tx: "InstructionTranslatorBase", fn: Any, args: li
         raise_observed_exception(ZeroDivisionError, tx, args=list(e.args))
 
 
-def _original_value(item: "VariableTracker", name: str) -> Any:
+def _original_value(item: VariableTracker, name: str) -> Any:
     # Only instance attributes: a class-level default shadowed by the store is left to stock.
     instance_dict = getattr(getattr(item, "value", None), "__dict__", None)
     if not isinstance(instance_dict, dict):
@@ -210,7 +209,7 @@ def _original_value(item: "VariableTracker", name: str) -> Any:
     return instance_dict.get(name)
 
 
-def unspecialize_on_store(item: "VariableTracker", name: str, value: "VariableTracker") -> None:
+def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
     """Called for every attribute store; restarts analysis the first time a module
     scalar is stored a new value, after marking it symbolic for this code."""
     from .source import AttrSource
@@ -223,7 +222,7 @@ def unspecialize_on_store(item: "VariableTracker", name: str, value: "VariableTr
         mark_stored_int(AttrSource(item.source, name), old, value)
 
 
-def mark_stored_int(source: "Source", old: int, value: "VariableTracker") -> None:
+def mark_stored_int(source: Source, old: int, value: VariableTracker) -> None:
     """The int `old` that entered the frame at `source` is stored `value`: if that is
     a different int constant, mark `source` symbolic for this code and restart."""
     from .symbolic_convert import InstructionTranslator

@@ -27,6 +27,7 @@ mutable place:
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -166,3 +167,82 @@ def wrap_changed_scalar(builder: "VariableBuilder", value: int) -> "VariableTrac
 
     recompiles_log.info("%s changed between calls: it is now traced as a dynamic SymInt", builder.source.name)
     return wrap_mutated_module_scalar(builder, value)
+
+
+def call_math_pow(
+    tx: InstructionTranslatorBase, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> VariableTracker | None:
+    """``math.pow(x, y)`` with a SymInt or SymFloat operand (a bias correction
+    ``1 - math.pow(beta, group['step'])`` on a traced step), which the graph would
+    otherwise call on the SymInt, specializing it on its value: one recompile per step.
+
+    math.pow(x, y) is C pow() of the two doubles, as ``float(x) ** float(y)`` is, where
+    neither raises: traced as that when x > 0 and x ** y lies in (0, 1] (x <= 1 and
+    y >= 0, or x >= 1 and y <= 0; no ValueError, no OverflowError), under guards on
+    those relations of the symbolic operands. Otherwise None (the value is specialized
+    as before)."""
+    from torch.fx.experimental.symbolic_shapes import guard_bool
+
+    from .variables.builtin import BuiltinVariable
+    from .variables.constant import ConstantVariable
+    from .variables.tensor import SymNodeVariable
+
+    if kwargs or len(args) != 2:
+        return None
+    args = [a.realize() for a in args]
+    if not any(isinstance(a, SymNodeVariable) for a in args):
+        return None
+    hints = []
+    for a in args:
+        if isinstance(a, SymNodeVariable):
+            if a.python_type() not in (int, float) or not a.sym_num.node.has_hint():
+                return None
+            hints.append(a.sym_num.node.hint)
+        elif a.is_python_constant() and type(a.as_python_constant()) in (int, float):
+            hints.append(a.as_python_constant())
+        else:
+            return None
+    (x, y), (hx, hy) = args, hints
+    if not hx > 0:
+        return None
+    if hx <= 1 and hy >= 0:
+        relations = ((x, operator.gt, 0), (x, operator.le, 1), (y, operator.ge, 0))
+    elif hx >= 1 and hy <= 0:
+        relations = ((x, operator.ge, 1), (y, operator.le, 0))
+    else:
+        return None
+    for vt, op, bound in relations:
+        if isinstance(vt, SymNodeVariable):
+            guard_bool(op(vt.sym_num, bound))  # holds on this frame's values: guards it
+    floats = [
+        BuiltinVariable(float).call_function(tx, [a], {})
+        if isinstance(a, SymNodeVariable)
+        else ConstantVariable.create(float(a.as_python_constant()))
+        for a in args
+    ]
+    return BuiltinVariable(operator.pow).call_function(tx, floats, {})
+
+
+def on_dict_method_store(
+    container: VariableTracker, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> None:
+    """``d.update(...)`` and ``d.__setitem__(k, v)`` on a dict: each stored entry as
+    STORE_SUBSCR (on_store_subscr). ``update`` with a dict or keyword arguments; its
+    iterable-of-pairs form is left as it is (no number entered a place it names)."""
+    from .variables.constant import ConstantVariable
+    from .variables.dicts import ConstDictVariable
+
+    if not stores_enabled() or container.source is None:
+        return
+    if name == "__setitem__" and len(args) == 2 and not kwargs:
+        on_store_subscr(container, args[0], args[1])
+    elif name == "update" and len(args) <= 1:
+        pairs = []
+        if args:
+            other = args[0].realize()
+            if not isinstance(other, ConstDictVariable):
+                return
+            pairs = [(k.vt, v) for k, v in other.items.items()]
+        pairs += [(ConstantVariable.create(k), v) for k, v in kwargs.items()]
+        for key, value in pairs:
+            on_store_subscr(container, key, value)

@@ -41,9 +41,18 @@ whose tensor form gives the same result, dtype and bits as the float form:
 - ``t.add(f)``, ``t.mul_(f)`` and the other add/sub/mul/div tensor methods (in place
   only on a tensor that needs no cast) as the operators.
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
+- ``== != < <= > >=`` with a number or another such variable (``ema != 0.``, a branch on
+  it): decided on this frame's values under a guard that the relation holds, written
+  over the PythonFloat expressions (``not ((L['self'].temp * 0.9) < 0.5)``), so a branch
+  recompiles only when the relation flips, never per value.
+- ``t.add_(u, alpha=f)`` and the other tensor methods whose Scalar keyword the kernel reads
+  as a number (add, sub: ``alpha``; addcdiv, addcmul: ``value``; CPU tensors): the graph
+  passes ``f.item()`` (an unbacked SymFloat, nothing to guard or specialize), so the
+  kernel sees the same Python float as eager (a multiply and an add would round
+  differently from CPU's fused multiply-add).
 
-Any other use (comparisons and branches, ``%``, ``//``, ``**``, ``int()``, ``round()``,
-``math`` and torch functions, methods, formatting, hashing, the tensor operands
+Any other use (``%``, ``//``, ``**``, ``int()``, ``round()``, hashing (a ``set``),
+``math`` and torch functions, methods, formatting, the tensor operands
 _tensor_casts leaves out) graph-breaks when Dynamo can
 graph-break there (calls, comparisons and stores outside loops, context managers and
 fullgraph: the rest of the frame then runs with the real float). Where it cannot
@@ -65,14 +74,13 @@ import functools
 import logging
 import math
 import operator
-from typing import Any, NamedTuple, NoReturn, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 
 from .. import config, graph_break_hints
-from ..exc import raise_observed_exception, unimplemented, UnspecializeRestartAnalysis
+from ..exc import UnspecializeRestartAnalysis, raise_observed_exception, unimplemented
 from .base import VariableTracker
-
 
 if TYPE_CHECKING:
     from torch._dynamo.codegen import PyCodegen
@@ -99,7 +107,7 @@ def enabled() -> bool:
     return scalars_enabled() and config.dynamic_mutated_module_floats
 
 
-def _type_enabled(tx: "InstructionTranslatorBase") -> bool:
+def _type_enabled(tx: InstructionTranslatorBase) -> bool:
     # specialize_float: the user asked for static floats. Export takes only local
     # inputs. Cudagraphs cannot take the CPU float64 input (as in wrap_symfloat).
     return not (
@@ -109,7 +117,7 @@ def _type_enabled(tx: "InstructionTranslatorBase") -> bool:
     )
 
 
-def _names(tx: "InstructionTranslatorBase", field: str) -> set[str]:
+def _names(tx: InstructionTranslatorBase, field: str) -> set[str]:
     from ..module_scalars import code_state
 
     state = code_state(tx)
@@ -120,14 +128,14 @@ def _names(tx: "InstructionTranslatorBase", field: str) -> set[str]:
     return names
 
 
-def is_mutated_module_float(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+def is_mutated_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
     """True if `source` names a float module attribute this code is known to mutate."""
     if type(value) is not float or not enabled() or not _type_enabled(tx):
         return False
     return source.name in _names(tx, "mutated_module_floats")
 
 
-def is_specialized_module_float(tx: "InstructionTranslatorBase", source: "Source", value: Any) -> bool:
+def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
     """True if `source` names a mutated float attribute with a use the tensor form
     cannot trace: it is specialized on its value (CONSTANT_MATCH), not made a
     SymFloat, because a SymFloat written back by a graph is specialized per value by
@@ -137,7 +145,7 @@ def is_specialized_module_float(tx: "InstructionTranslatorBase", source: "Source
     return source.name in _names(tx, "specialized_module_floats")
 
 
-def wrap_mutated_float(builder: "VariableBuilder", value: float) -> VariableTracker | None:
+def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
     """The marked float attribute at builder.source as a ModuleFloatVariable holding a
     0-d float64 tensor graph input, or None to leave it to stock wrapping."""
     tensor = builder.tx.output.unspec_variable_map.get(builder.name)
@@ -163,7 +171,7 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
         mark_stored_float(AttrSource(item.source, name), old, value)
 
 
-def mark_stored_float(source: "Source", old: float, value: VariableTracker) -> None:
+def mark_stored_float(source: Source, old: float, value: VariableTracker) -> None:
     """The float `old` that entered the frame at `source` is stored `value`: if that
     is a different float constant (or a SymFloat), mark `source` as a tensor input
     for this code and restart."""
@@ -228,7 +236,7 @@ class PythonFloat(NamedTuple):
 
     code: str
     value: float
-    sources: tuple["Source", ...]
+    sources: tuple[Source, ...]
 
 
 def _python_float(vt: VariableTracker) -> PythonFloat | None:
@@ -256,7 +264,7 @@ def _python_result(op: Any, operands: list[VariableTracker]) -> PythonFloat | No
     return PythonFloat(code, op(*(e.value for e in exprs)), sources)  # type: ignore[union-attr]
 
 
-def _python_float_guard(code: str, builder: "GuardBuilder", guard: Any) -> None:
+def _python_float_guard(code: str, builder: GuardBuilder, guard: Any) -> None:
     """A guard on a PythonFloat expression, at the root like the shape environment's
     guards. A guard that raises fails (a division by zero inside `code`, whose own
     divisor guard fails too)."""
@@ -266,7 +274,7 @@ def _python_float_guard(code: str, builder: "GuardBuilder", guard: Any) -> None:
 
 
 def _raise_on_zero_divisor(
-    tx: "InstructionTranslatorBase", divisor: VariableTracker, args: list[VariableTracker]
+    tx: InstructionTranslatorBase, divisor: VariableTracker, args: list[VariableTracker]
 ) -> None:
     """Python raises ZeroDivisionError for a float divided by zero, where the float64
     tensor gives inf or nan: decide on the divisor's value, guard that the decision
@@ -302,7 +310,7 @@ class ModuleFloatVariable(VariableTracker):
 
     def __init__(
         self,
-        tensor: "UnspecializedPythonVariable",
+        tensor: UnspecializedPythonVariable,
         origins: frozenset[str],
         expr: PythonFloat | None,
         **kwargs: Any,
@@ -323,7 +331,7 @@ class ModuleFloatVariable(VariableTracker):
     def is_python_constant(self) -> bool:
         return False
 
-    def reconstruct(self, codegen: "PyCodegen") -> None:
+    def reconstruct(self, codegen: PyCodegen) -> None:
         codegen(self.tensor)
 
     def as_proxy(self) -> Any:
@@ -333,18 +341,18 @@ class ModuleFloatVariable(VariableTracker):
 
         _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
 
-    def bool_impl(self, tx: "InstructionTranslatorBase") -> VariableTracker | None:
+    def bool_impl(self, tx: InstructionTranslatorBase) -> VariableTracker | None:
         _unsupported(tx, [self], f"truth value of {self}")
 
-    def hash_impl(self, tx: "InstructionTranslatorBase") -> tuple[int, bool]:
+    def hash_impl(self, tx: InstructionTranslatorBase) -> tuple[int, bool]:
         _unsupported(tx, [self], f"hash of {self}")
 
-    def var_getattr(self, tx: "InstructionTranslatorBase", name: str) -> VariableTracker:
+    def var_getattr(self, tx: InstructionTranslatorBase, name: str) -> VariableTracker:
         _unsupported(tx, [self], f"attribute {name!r} of {self}")
 
     def call_method(
         self,
-        tx: "InstructionTranslatorBase",
+        tx: InstructionTranslatorBase,
         name: str,
         args: list[VariableTracker],
         kwargs: dict[str, VariableTracker],
@@ -352,7 +360,7 @@ class ModuleFloatVariable(VariableTracker):
         _unsupported(tx, [self], f"method {name!r} of {self}")
 
 
-def _can_graph_break(tx: "InstructionTranslatorBase") -> bool:
+def _can_graph_break(tx: InstructionTranslatorBase) -> bool:
     """Whether an Unsupported raised now becomes a graph break of the root frame (as
     InstructionTranslatorBase's break_graph_if_unsupported decides), rather than
     skipping the frame (a loop, fullgraph, a context manager) or failing the trace."""
@@ -366,7 +374,7 @@ def _can_graph_break(tx: "InstructionTranslatorBase") -> bool:
     )
 
 
-def _unsupported(tx: "InstructionTranslatorBase", values: list[VariableTracker], context: str) -> NoReturn:
+def _unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], context: str) -> NoReturn:
     if not _can_graph_break(tx):
         # No graph break possible here: specialize these attributes on their value.
         origins = set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable)))
@@ -455,7 +463,7 @@ def _tensor_casts(
 
 
 def call_builtin(
-    tx: "InstructionTranslatorBase",
+    tx: InstructionTranslatorBase,
     fn: Any,
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
@@ -469,6 +477,10 @@ def call_builtin(
     args = [a.realize() for a in args]
     if not kwargs and fn is float and len(args) == 1:
         return args[0]
+    if not kwargs and fn in _COMPARISONS and len(args) == 2:
+        result = _compare(fn, args)
+        if result is not None:
+            return result
     if not kwargs and fn in _UNARY and len(args) == 1:
         (a,) = args
         return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))  # type: ignore[attr-defined]
@@ -507,6 +519,47 @@ def call_builtin(
     _unsupported(tx, args, f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})")
 
 
+_COMPARISONS = {
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+
+
+def _comparand(vt: VariableTracker) -> PythonFloat | None:
+    """The PythonFloat of a comparison operand: such a variable with an expression, or
+    an int or float constant (Python compares a float with any int exactly)."""
+    if isinstance(vt, ModuleFloatVariable):
+        return vt.expr
+    if vt.is_python_constant() and type(vt.as_python_constant()) in (int, float):
+        return _python_float(vt)
+    return None
+
+
+def _compare(fn: Any, args: list[VariableTracker]) -> VariableTracker | None:
+    """``f != 0.0`` and the other comparisons of such a variable with a number or
+    another such variable: decided on the values of this frame, under a guard that the
+    relation holds (``(L['s'].ema * 0.9 + 0.01) != 0.0``), so the value stays a graph
+    input and a branch on it recompiles only when the relation flips. None if an
+    operand has no Python expression (computed from a SymInt or SymFloat)."""
+    from ..guards import install_guard
+    from .constant import ConstantVariable
+
+    exprs = [_comparand(a) for a in args]
+    if any(e is None for e in exprs):
+        return None
+    left, right = exprs
+    result = fn(left.value, right.value)  # type: ignore[union-attr]
+    relation = f"{left.code} {_COMPARISONS[fn]} {right.code}"  # type: ignore[union-attr]
+    code = relation if result else f"not ({relation})"
+    sources = left.sources or right.sources  # type: ignore[union-attr]
+    install_guard(sources[0].make_guard(functools.partial(_python_float_guard, code)))
+    return ConstantVariable.create(result)
+
+
 _TENSOR_METHODS = {
     "add": operator.add,
     "sub": operator.sub,
@@ -521,7 +574,7 @@ _TENSOR_METHODS = {
 
 
 def call_tensor_method(
-    tx: "InstructionTranslatorBase",
+    tx: InstructionTranslatorBase,
     tensor: VariableTracker,
     name: str,
     args: list[VariableTracker],
@@ -535,6 +588,10 @@ def call_tensor_method(
     from .builder import wrap_fx_proxy
     from .tensor import TensorVariable
 
+    if type(tensor) is TensorVariable and _SCALAR_KWARGS.get(name) in kwargs:
+        result = _call_with_scalar_kwarg(tx, tensor, name, args, kwargs)
+        if result is not None:
+            return result
     if (
         type(tensor) is not TensorVariable
         or name not in _TENSOR_METHODS
@@ -554,7 +611,55 @@ def call_tensor_method(
     )
 
 
-def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) -> Any:
+# Tensor methods whose Scalar keyword argument the kernel reads as a number in the
+# compute type (``p.add_(u, alpha=-step_size)`` is one fused multiply-add on CPU: no
+# tensor form computes the same bits).
+_SCALAR_KWARGS = {
+    "add": "alpha",
+    "add_": "alpha",
+    "sub": "alpha",
+    "sub_": "alpha",
+    "addcdiv": "value",
+    "addcdiv_": "value",
+    "addcmul": "value",
+    "addcmul_": "value",
+}
+
+
+def _call_with_scalar_kwarg(
+    tx: InstructionTranslatorBase,
+    tensor: VariableTracker,
+    name: str,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+) -> VariableTracker | None:
+    """``t.add_(u, alpha=f)`` (and sub, addcdiv, addcmul, in place or not) with a
+    ModuleFloatVariable f as the Scalar: the graph reads the float64 tensor's value
+    with ``item()`` and passes that to the method, so the kernel sees the same Python
+    float as in eager. The item() is an unbacked SymFloat: the shape environment has
+    no value to guard on and _tensorify_python_scalars none to specialize (it only
+    specializes backed float symbols). None to leave the call as it is (another
+    argument is such a variable too, or the tensor is not on the CPU)."""
+    from .builder import wrap_fx_proxy
+
+    key = _SCALAR_KWARGS[name]
+    f = kwargs[key]
+    if not isinstance(f, ModuleFloatVariable) or any(isinstance(a, ModuleFloatVariable) for a in args):
+        return None
+    if any(isinstance(v, ModuleFloatVariable) for k, v in kwargs.items() if k != key):
+        return None
+    example = tensor.as_proxy().node.meta.get("example_value")
+    if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
+        return None  # not verified on other devices
+    # The frame's fake mode refuses data-dependent scalars unless capture_scalar_outputs;
+    # this one never steers tracing (it is only passed on to the kernel). AOTAutograd
+    # retraces the graph in the same fake mode: it stays allowed for this trace.
+    tx.fake_mode.allow_scalar_outputs = True
+    scalar = wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (f.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
+    return tensor.call_method(tx, name, args, {**kwargs, key: scalar})
+
+
+def _proxy(tx: InstructionTranslatorBase, kind: str, target: Any, *args: Any) -> Any:
     """A graph node with its example value (so later nodes can use it)."""
     from .builder import wrap_fx_proxy
 
@@ -562,7 +667,7 @@ def _proxy(tx: "InstructionTranslatorBase", kind: str, target: Any, *args: Any) 
 
 
 def _float_result(
-    tx: "InstructionTranslatorBase",
+    tx: InstructionTranslatorBase,
     op: Any,
     proxy_args: tuple[Any, ...],
     origins: frozenset[str],
