@@ -226,6 +226,15 @@ def _float_dtype(vals: Any) -> "torch.dtype | None":
     return dtype if dtype.is_floating_point else None
 
 
+def _call(graph: "torch.fx.Graph", fake_mode: Any, op: Any, *args: Any, **kwargs: Any) -> "torch.fx.Node":
+    """A new node `op(*args, **kwargs)` with its fake value. (Casts are
+    prims.convert_element_type, as the pass's own: this graph is decomposed already.)"""
+    new = graph.call_function(op, args, kwargs)
+    with fake_mode:
+        new.meta["val"] = op(*torch.fx.map_arg(args, lambda n: n.meta["val"]), **kwargs)
+    return new
+
+
 def tensorify_scalar_argument(
     graph: "torch.fx.Graph",
     node: "torch.fx.Node",
@@ -287,11 +296,8 @@ def tensorify_scalar_argument(
     except NotImplementedError:
         return False
 
-    def call(op: Any, *op_args: Any) -> "torch.fx.Node":
-        new = graph.call_function(op, op_args)
-        with fake_mode:
-            new.meta["val"] = op(*torch.fx.map_arg(op_args, lambda n: n.meta["val"]))
-        return new
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
 
     # lerp takes its weight in the tensors' dtype; the rest in their computation dtype
     cast_to = dtype if target in (aten.lerp.Scalar, aten.full.default) else get_computation_dtype(dtype)
@@ -346,11 +352,8 @@ def _tensorify_alpha(
     except NotImplementedError:
         return False
 
-    def call(op: Any, *op_args: Any) -> "torch.fx.Node":
-        new = graph.call_function(op, op_args)
-        with fake_mode:
-            new.meta["val"] = op(*torch.fx.map_arg(op_args, lambda n: n.meta["val"]))
-        return new
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
 
     compute = get_computation_dtype(dtype)
     if value.meta["val"].dtype != compute:
