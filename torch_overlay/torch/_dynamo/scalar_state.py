@@ -281,6 +281,9 @@ def tensorify_scalar_argument(
         dtype = _float_dtype(torch.fx.map_arg(args[tensor_index], lambda n: n.meta.get("val")))
     if dtype is None:
         return False
+    if get_computation_dtype(dtype) != dtype and target is not aten.lerp.Scalar and not fills:
+        # float16/bfloat16: a 0-d operand among them in the computation dtype would promote
+        return False
     if fills:
         # A fill with the default options of a CPU tensor (the float's 0-d tensor is on
         # the CPU); full() must say its dtype.
@@ -345,7 +348,7 @@ def _tensorify_alpha(
     if len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args) or not sym.node.has_hint():
         return False
     dtype = _float_dtype([a.meta.get("val") for a in node.args])
-    if dtype is None:
+    if dtype is None or get_computation_dtype(dtype) != dtype:
         return False
     try:
         value = interp(sym.node.expr).node
