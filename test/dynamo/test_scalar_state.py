@@ -442,9 +442,147 @@ class ChangedScalarTests(torch._dynamo.test_case.TestCase):
         self.assertIn("L['self'].n_heads == 2", str(entry.guard_manager))
 
 
+
+def make_schedule(name, opt, steps):
+    sched = torch.optim.lr_scheduler
+    if name == "onecycle":  # default cycle_momentum: also writes group['betas'] every step
+        return sched.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
+    if name == "cosine":
+        return sched.CosineAnnealingLR(opt, T_max=steps)
+    return sched.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))  # linear warmup
+
+
+def train_step(model, opt, x):
+    model(x).sum().backward()  # a graph break
+    opt.step()
+    opt.zero_grad()
+
+
+class Config:
+    def __init__(self):
+        self.scale = 0.5
+        self.count = 1
+
+
+CONFIG = Config()
+
+
+def scale_by_config(ts, x):
+    torch._foreach_mul_(ts, CONFIG.scale)
+    return x * CONFIG.count + CONFIG.scale
+
+
+def partially_tensorified(x, c):
+    return x * c.scale, x.clamp(min=1 - c.scale)
+
+
+class ChangedFloatTests(torch._dynamo.test_case.TestCase):
+    """Floats only read by the compiled frame and changed between calls (an LR
+    scheduler's param_groups[i]['lr'] and ['betas']): a SymFloat after one observed
+    change that stays one where it feeds a Scalar argument (`_foreach_mul_(params,
+    1 - lr * wd)`, `_foreach_div_`, `_foreach_pow(beta1, steps)`, lerp weights)."""
+
+    def run_schedule(self, backend, schedule, foreach=True, steps=8, whole_step=False):
+        def make():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=foreach)
+            return model, opt, make_schedule(schedule, opt, steps)
+
+        (model_e, opt_e, sched_e), (model_c, opt_c, sched_c) = make(), make()
+        cnt = CompileCounterWithBackend(backend)
+        compiled = torch.compile(train_step if whole_step else opt_step, backend=cnt)
+        for _ in range(steps):
+            x = torch.randn(5, 4)
+            if whole_step:
+                train_step(model_e, opt_e, x)
+                compiled(model_c, opt_c, x)
+            else:
+                for model in (model_e, model_c):
+                    model(x).sum().backward()
+                opt_step(opt_e)
+                compiled(opt_c)
+            sched_e.step()
+            sched_c.step()
+            # compiled torch.optim takes the capturable path: close to eager, not bitwise
+            self.assertEqual(list(model_c.parameters()), list(model_e.parameters()))
+            self.assertEqual(opt_c.state_dict()["state"], opt_e.state_dict()["state"])
+            groups_e, groups_c = (
+                [{k: v for k, v in g.items() if k not in ("params", "capturable")} for g in o.param_groups]
+                for o in (opt_e, opt_c)
+            )
+            self.assertEqual(groups_c, groups_e, atol=0, rtol=0)
+            self.assertIs(type(opt_c.param_groups[0]["lr"]), float)
+        self.compiled_opt = (compiled, opt_c)
+        return cnt
+
+    @parametrize("schedule", ["onecycle", "cosine", "lambda_warmup"])
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_adamw_foreach_with_scheduler(self, backend, schedule):
+        # Without this patch: 8 graphs under aot_eager and inductor (one per lr value).
+        cnt = self.run_schedule(backend, schedule)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_adamw_single_tensor_with_one_cycle(self, backend):
+        # lerp_(grad, 1 - beta1) and beta1 ** step with a changing beta1
+        cnt = self.run_schedule(backend, "onecycle", foreach=False)
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_whole_train_step_compiled(self):
+        # The optimizer runs in the resume function after backward's graph break.
+        cnt = self.run_schedule("aot_eager", "cosine", whole_step=True)
+        self.assertEqual(cnt.frame_count, 3)
+
+    def test_recompile_reason_and_read_only_hyperparameters(self):
+        self.run_schedule("aot_eager", "cosine", steps=4)
+        (code,) = [c for c in guard_failures if c.co_name == "step" and c.co_filename.endswith("adam.py")]
+        (reason,) = guard_failures[code]
+        self.assertIn("self.param_groups[0]['lr'] == 0.01", reason)
+        self.assertIn(
+            "self.param_groups[0]['lr'] is specialized until it changes; the recompile traces it as a "
+            "dynamic SymFloat",
+            reason,
+        )
+        # weight_decay never changed: still specialized on its value
+        compiled, opt = self.compiled_opt
+        opt.param_groups[0]["weight_decay"] = 0.02
+        compiled(opt)
+        self.assertIn("self.param_groups[0]['weight_decay'] == 0.01", "\n".join(guard_failures[code]))
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_plain_object_changed_by_eager_code(self, backend):
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(scale_by_config, backend=cnt)
+        ts_e, ts_c = [torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)]
+        for i in range(6):
+            CONFIG.scale, CONFIG.count = 0.5 + 0.1 * i, 1 + i
+            x = torch.randn(3)
+            self.assertEqual(fn(ts_c, x), scale_by_config(ts_e, x))
+            self.assertEqual(ts_c, ts_e)
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_partially_tensorified_float_is_not_stale(self):
+        # x * c.scale takes the float as a tensor, clamp(min=) cannot: specialized on
+        # its value (a recompile per value), never a compiled constant reused by the
+        # FX graph / AOTAutograd caches for another value, as without this patch.
+        c = Config()
+        fn = torch.compile(partially_tensorified, backend="inductor")
+        for v in (0.5, 0.25, 0.125, 0.3):
+            c.scale = v
+            x = torch.linspace(-1, 1, 5)
+            self.assertEqual(fn(x, c), partially_tensorified(x, c), atol=0, rtol=0)
+
+    def test_switch_off(self):
+        with torch._dynamo.config.patch(automatic_dynamic_changed_scalars=False):
+            cnt = self.run_schedule("aot_eager", "cosine", steps=4)
+        self.assertGreaterEqual(cnt.frame_count, 4)  # one graph per lr value
+
+
 instantiate_parametrized_tests(ScalarStateTests)
 instantiate_parametrized_tests(ChangedScalarTests)
 instantiate_parametrized_tests(FloatComparePowTests)
+instantiate_parametrized_tests(ChangedFloatTests)
 
 
 if __name__ == "__main__":

@@ -246,3 +246,221 @@ def on_dict_method_store(
         pairs += [(ConstantVariable.create(k), v) for k, v in kwargs.items()]
         for key, value in pairs:
             on_store_subscr(container, key, value)
+# Floats changed from outside: an LR scheduler's param_groups[i]['lr'], a value eager
+# code sets between calls. Automatic dynamic makes such a float a SymFloat after one
+# observed change; AOTAutograd's _tensorify_python_scalars then turns the SymFloat's
+# uses into tensor compute, but only for a few Tensor-Scalar operators: where it feeds
+# the Scalar argument of any other op (torch.optim's `_foreach_mul_(params, 1 - lr * wd)`,
+# `_foreach_div_(bias_correction, lr)`, `_foreach_pow(beta1, steps)`, `lerp(..., 1 - beta1)`)
+# the float is specialized and every new value recompiles. The ops below have a
+# Tensor overload that computes the same as the Scalar one when the 0-d tensor holds the
+# scalar converted to the op's computation dtype (TensorIterator reads a CPU scalar
+# tensor as it reads a wrapped Python number).
+
+
+def changed_float_guard(source: "Source", value: float, entry: Any) -> Any:
+    """The guard on a float at `source` that wrap_symfloat specializes because automatic
+    dynamic has not seen it change yet (`entry`, its FrameStateSizeEntry): its value
+    guard, with a recompile hint saying that a change makes it a SymFloat where one
+    makes it so (the other reasons wrap_symfloat specializes for never change)."""
+    import functools
+    import math
+
+    from .guards import GuardBuilder
+    from .pgo import auto_dynamic
+    from .source import is_constant_source
+
+    if (
+        not _changes_enabled()
+        or not _changes_make_dynamic(source)
+        or config.specialize_float
+        or not config.assume_static_by_default
+        or entry.scalar is auto_dynamic
+        or not math.isfinite(value)
+        or is_constant_source(source)
+        or torch._inductor.config.triton.cudagraphs
+    ):
+        return GuardBuilder.CONSTANT_MATCH
+    hint = (
+        f"{source.name} is specialized until it changes; the recompile traces it as a dynamic SymFloat "
+        "(torch._dynamo.config.automatic_dynamic_changed_scalars)"
+    )
+    return functools.partial(GuardBuilder.EQUALS_MATCH, recompile_hint=hint)
+
+
+def _changes_enabled() -> bool:
+    from .module_scalars import enabled
+
+    return enabled() and config.automatic_dynamic_changed_scalars
+
+
+def _float_dtype(vals: Any) -> "torch.dtype | None":
+    """The one floating dtype of a tensor or of a non-empty list of tensors, else None."""
+    vals = vals if isinstance(vals, (list, tuple)) else [vals]
+    dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
+    if len(dtypes) != 1 or len(vals) != sum(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    (dtype,) = dtypes
+    return dtype if dtype.is_floating_point else None
+
+
+def _call(graph: "torch.fx.Graph", fake_mode: Any, op: Any, *args: Any, **kwargs: Any) -> "torch.fx.Node":
+    """A new node `op(*args, **kwargs)` with its fake value. (Casts are
+    prims.convert_element_type, as the pass's own: this graph is decomposed already.)"""
+    new = graph.call_function(op, args, kwargs)
+    with fake_mode:
+        new.meta["val"] = op(*torch.fx.map_arg(args, lambda n: n.meta["val"]), **kwargs)
+    return new
+
+
+def tensorify_scalar_argument(
+    graph: "torch.fx.Graph",
+    node: "torch.fx.Node",
+    fake_mode: Any,
+    interp: Any,
+    tensorified_symbols: set[Any],
+) -> bool:
+    """Called by _tensorify_python_scalars for a node none of its own replacements
+    handle: if a backed SymFloat feeds a Scalar argument of one of the ops below,
+    replace the node by the op's Tensor overload, taking the float as the 0-d float64
+    tensor `interp` (the pass's sympy interpreter) computes for it, and return True."""
+    from torch._prims_common import get_computation_dtype
+    from torch.fx.experimental.symbolic_shapes import symbol_is_type
+    from torch.utils._sympy.symbol import SymT
+
+    aten = torch.ops.aten
+    if not _changes_enabled() or node.op != "call_function":
+        return False
+    target, args, kwargs = node.target, node.args, node.kwargs
+    if target in (aten.add.Tensor, aten.sub.Tensor) and list(kwargs) == ["alpha"]:
+        return _tensorify_alpha(graph, node, fake_mode, interp, tensorified_symbols)
+    # (index of the Scalar argument, the tensor argument whose dtype it is read in)
+    where = {
+        aten._foreach_mul.Scalar: (1, 0),
+        aten._foreach_div.Scalar: (1, 0),
+        aten._foreach_pow.ScalarAndTensor: (0, 1),
+        aten.lerp.Scalar: (2, 0),
+        aten.pow.Scalar: (0, 1),
+        aten.full_like.default: (1, 0),
+        aten.full.default: (1, None),  # (the decomposition of full_like)
+    }.get(target)
+    fills = target in (aten.full_like.default, aten.full.default)
+    if where is None or (kwargs and not fills) or len(args) != 2 + (target is aten.lerp.Scalar):
+        return False
+    scalar_index, tensor_index = where
+    scalar = args[scalar_index]
+    if not isinstance(scalar, torch.fx.Node) or not isinstance(sym := scalar.meta.get("val"), torch.SymFloat):
+        return False
+    if not sym.node.has_hint():
+        return False
+    if tensor_index is None:
+        dtype = _float_dtype(node.meta.get("val"))
+    else:
+        dtype = _float_dtype(torch.fx.map_arg(args[tensor_index], lambda n: n.meta.get("val")))
+    if dtype is None:
+        return False
+    if get_computation_dtype(dtype) != dtype and target is not aten.lerp.Scalar and not fills:
+        # float16/bfloat16: a 0-d operand among them in the computation dtype would promote
+        return False
+    if fills:
+        # A fill with the default options of a CPU tensor (the float's 0-d tensor is on
+        # the CPU); full() must say its dtype.
+        defaults = {"dtype": (None, dtype) if tensor_index is not None else (dtype,),
+                    "layout": (None, torch.strided), "pin_memory": (None, False),
+                    "memory_format": (None, torch.preserve_format), "device": (None, torch.device("cpu"))}
+        if any(k not in defaults or v not in defaults[k] for k, v in kwargs.items()):
+            return False
+        if node.meta["val"].device.type != "cpu" or (tensor_index is None and "dtype" not in kwargs):
+            return False
+    try:
+        value = interp(sym.node.expr).node
+    except NotImplementedError:
+        return False
+
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
+
+    # lerp takes its weight in the tensors' dtype; the rest in their computation dtype
+    cast_to = dtype if target in (aten.lerp.Scalar, aten.full.default) else get_computation_dtype(dtype)
+    if value.meta["val"].dtype != cast_to and target is not aten.full_like.default:
+        value = call(torch.ops.prims.convert_element_type.default, value, cast_to)
+    if target is aten._foreach_mul.Scalar:
+        replacement = call(aten._foreach_mul.Tensor, args[0], value)
+    elif target is aten._foreach_div.Scalar:
+        replacement = call(aten._foreach_div.Tensor, args[0], value)
+    elif target is aten.lerp.Scalar:
+        replacement = call(aten.lerp.Tensor, args[0], args[1], value)
+    elif target is aten.pow.Scalar:
+        replacement = call(aten.pow.Tensor_Tensor, value, args[1])
+    elif target is aten.full_like.default:
+        replacement = call(aten.copy.default, args[0], value)
+    elif target is aten.full.default:
+        replacement = call(aten.clone.default, call(aten.expand.default, value, args[0]))
+    else:  # _foreach_pow(s, exponents): the same base for every exponent
+        replacement = call(aten._foreach_pow.List, [value] * len(args[1]), args[1])
+    node.replace_all_uses_with(replacement)
+    graph.erase_node(node)
+    tensorified_symbols.update(s for s in sym.node.expr.free_symbols if symbol_is_type(s, SymT.FLOAT))
+    log.debug("tensorified the float argument of %s", target)
+    return True
+
+
+def _tensorify_alpha(
+    graph: "torch.fx.Graph",
+    node: "torch.fx.Node",
+    fake_mode: Any,
+    interp: Any,
+    tensorified_symbols: set[Any],
+) -> bool:
+    """``add(a, b, alpha=f)`` / ``sub(a, b, alpha=f)`` of two tensors of one floating
+    dtype with a SymFloat f (inductor's lerp decomposition writes one): as
+    ``add(a, b * f)``, f in the computation dtype. Not bitwise the fused kernel (one
+    rounding fewer), as inductor's own lowering of alpha is not."""
+    from torch._prims_common import get_computation_dtype
+    from torch.fx.experimental.symbolic_shapes import symbol_is_type
+    from torch.utils._sympy.symbol import SymT
+
+    alpha = node.kwargs["alpha"]
+    if not isinstance(alpha, torch.fx.Node) or not isinstance(sym := alpha.meta.get("val"), torch.SymFloat):
+        return False
+    if len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args) or not sym.node.has_hint():
+        return False
+    dtype = _float_dtype([a.meta.get("val") for a in node.args])
+    if dtype is None or get_computation_dtype(dtype) != dtype:
+        return False
+    try:
+        value = interp(sym.node.expr).node
+    except NotImplementedError:
+        return False
+
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
+
+    compute = get_computation_dtype(dtype)
+    if value.meta["val"].dtype != compute:
+        value = call(torch.ops.prims.convert_element_type.default, value, compute)
+    scaled = call(torch.ops.aten.mul.Tensor, node.args[1], value)
+    node.replace_all_uses_with(call(node.target, node.args[0], scaled))
+    graph.erase_node(node)
+    tensorified_symbols.update(s for s in sym.node.expr.free_symbols if symbol_is_type(s, SymT.FLOAT))
+    return True
+
+
+def restart_partially_tensorified(val: Any, tensorified_symbols: set[Any]) -> bool:
+    """_tensorify_python_scalars specializes a SymFloat expression that some use could
+    not take as a tensor (guard_scalar) without restarting when its float was
+    tensorified elsewhere. The compiled code of such a graph has the value baked in
+    while the FX graph and AOTAutograd caches serve it again for other values of the
+    float (a stale result, also without these patches). Specialize those floats on
+    restart instead (as for a float no use could take as a tensor): True if so."""
+    from torch._dynamo.symbolic_convert import TensorifyState
+    from torch.fx.experimental.symbolic_shapes import symbol_is_type
+    from torch.utils._sympy.symbol import SymT
+
+    if not _changes_enabled():
+        return False
+    partial = [s for s in val.node.expr.free_symbols if symbol_is_type(s, SymT.FLOAT) and s in tensorified_symbols]
+    for s in partial:
+        if not TensorifyState.should_specialize(str(s)):
+            TensorifyState.specialize(str(s))
+    return bool(partial)
