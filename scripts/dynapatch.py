@@ -380,8 +380,25 @@ def cmd_export_prs(project: Project, args: argparse.Namespace) -> int:
     else:
         raise DynapatchError(f"the series targets torch {' or '.join(supported_versions(project))}, "
                              f"not {args.base_ref}")
-    export_mod.export_prs(project, patches, tree, args.outdir.resolve(), args.base_ref,
-                          allow_offsets=version != spec.public_version)
+    mboxes = export_mod.export_prs(project, patches, tree, args.outdir.resolve(), args.base_ref,
+                                   allow_offsets=version != spec.public_version)
+    if not args.verify:
+        return 0
+    if version != spec.public_version:
+        raise DynapatchError(f"--verify runs the PRs' tests on the base wheel (v{spec.public_version}), "
+                             f"not on {args.base_ref}")
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    results = export_mod.verify_prs(project, spec, wheel, tree, patches, mboxes,
+                                    select_prefixes(patches, args.patch), args.timeout)
+    print("\n" + stacktest_mod.format_table(results, len(patches)) + "\n", flush=True)
+    failing = [r for r in results if not r.ok]
+    if failing:
+        first = failing[0]
+        raise DynapatchError(f"{len(failing)} of {len(results)} PRs fail their own tests when applied with "
+                             f"git am; the first is {first.index + 1}/{len(patches)} {first.patch.name} "
+                             f"({first.patch.patch_name}): {first.error or 'tests fail'}")
+    log(f"export-prs --verify ok: {len(results)} PRs, applied with git am onto the base's sources, pass "
+        f"their own tests")
     return 0
 
 
@@ -562,6 +579,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("outdir", type=Path, metavar="OUTDIR")
     p.add_argument("--base-ref", default=None, help="the pytorch tag the stack applies to (default: v<BASE version>)")
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p.add_argument("--verify", action="store_true",
+                   help="then git am the mboxes onto a repo of the base's sources and, after each PR, run the "
+                        "tests it carries from that tree (slow: about 35 minutes for all on 2 loaded cores)")
+    p.add_argument("--patch", action="append", metavar="NAME",
+                   help="with --verify: only the PR of this patch (Patch-Name, file name or number; repeatable)")
+    p.add_argument("--timeout", type=float, default=3600, help="with --verify: seconds per PR (default 3600)")
     p = sub.add_parser("upstream-tests", help="Dynamo's own tests: stock base wheel vs the custom wheel")
     p.set_defaults(func=cmd_upstream_tests)
     p.add_argument("--pytorch-src", type=Path, required=True, help="a pytorch checkout at the base's tag")
