@@ -492,8 +492,8 @@ def cmd_stack_test(project: Project, args: argparse.Namespace) -> int:
 
 
 def cmd_lint(project: Project, args: argparse.Namespace) -> int:
-    """Exit 0 if ruff finds nothing (and, with --strict-native, csrc/ is clang-formatted); 1 otherwise."""
-    lint_mod.lint(project, args.strict_native)
+    """Exit 0 if ruff finds nothing and csrc/ is clang-formatted; 1 otherwise."""
+    lint_mod.lint(project)
     return 0
 
 
@@ -607,7 +607,6 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
     p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
     p.set_defaults(func=cmd_lint)
-    p.add_argument("--strict-native", action="store_true", help="fail when csrc/ differs from .clang-format")
     # A subcommand's --help starts with what it does: its one-line help where it has no description.
     for choice in sub._choices_actions:
         if sub.choices[choice.dest].description is None:

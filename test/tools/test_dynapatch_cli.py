@@ -434,3 +434,30 @@ class ReproducibleWheelTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LintTest(ProjectCopyTestCase):
+    """lint: ruff and clang-format, on a copy of the project; either finding fails it."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("ruff.toml", ".clang-format", "requirements-lint.txt"):
+            shutil.copy2(ROOT / name, self.project / name)
+
+    def test_clean_then_unformatted_csrc_fails(self):
+        proc = self.dynapatch("lint")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("csrc/ formatted", proc.stdout)
+        header = self.project / "csrc/tensor_container_guard.h"
+        header.write_text(header.read_text() + "\nnamespace  dynapatch_lint_test { int  x; }\n")
+        proc = self.dynapatch("lint")
+        self.assertFailsWith(proc, 1, "csrc/tensor_container_guard.h not formatted as .clang-format says")
+        self.assertRegex(proc.stdout, r"csrc/tensor_container_guard.h: [1-9]\d* places differ")
+        self.assertIn("csrc/guard_accel.cpp: clean", proc.stdout)
+
+    def test_ruff_finding_fails(self):
+        (self.project / "scripts/unused_import.py").write_text("import os\n")
+        proc = self.dynapatch("lint")
+        self.assertFailsWith(proc, 1, "ruff found problems")
+        self.assertIn("scripts/unused_import.py:1:8: F401", proc.stdout)
