@@ -41,25 +41,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dplib import devtree as devtree_mod  # noqa: E402
-from dplib import common  # noqa: E402
-from dplib.base import (BaseSpec, base_variants, default_variant, fetch_base_wheel,  # noqa: E402
-                        installed_torch_version, load_base, pristine_sources, variant_of_wheel)
-from dplib.common import (DynapatchError, Project, die, git, log, pip_quiet, python_exe, run,  # noqa: E402
-                          sha256_file, step)
-from dplib.ext import build_extension, check_toolchain  # noqa: E402
-from dplib import export as export_mod  # noqa: E402
-from dplib import rebase as rebase_mod  # noqa: E402
-from dplib import lint as lint_mod  # noqa: E402
-from dplib import stacktest as stacktest_mod  # noqa: E402
-from dplib import testsel as testsel_mod  # noqa: E402
-from dplib import upstream_tests as upstream_mod  # noqa: E402
-from dplib.targets import (apply_recorded, apply_state, check_overrides, fetch_release_wheel,  # noqa: E402
-                           override_versions, record_dir, release_sources, supported_versions,
-                           unapply_recorded, with_overrides)
-from dplib.series import check_override_names, load_series, patched_sources, series_digest  # noqa: E402
-from dplib.wheel import (RECORD_MODULE, describe_record, patched_wheel_name, record_module, repack,  # noqa: E402
-                         stamp_version_py)
+from dplib import (
+    common,
+    devtree as devtree_mod,
+    export as export_mod,
+    lint as lint_mod,
+    rebase as rebase_mod,
+    stacktest as stacktest_mod,
+    testsel as testsel_mod,
+    upstream_tests as upstream_mod,
+)
+from dplib.base import (
+    base_variants,
+    BaseSpec,
+    default_variant,
+    fetch_base_wheel,
+    installed_torch_version,
+    load_base,
+    pristine_sources,
+    variant_of_wheel,
+)
+from dplib.common import die, DynapatchError, git, log, pip_quiet, Project, python_exe, run, sha256_file, step
+from dplib.ext import build_extension, check_toolchain
+from dplib.series import check_override_names, load_series, patched_sources, series_digest
+from dplib.targets import (
+    apply_recorded,
+    apply_state,
+    check_overrides,
+    fetch_release_wheel,
+    override_versions,
+    record_dir,
+    release_sources,
+    supported_versions,
+    unapply_recorded,
+    with_overrides,
+)
+from dplib.wheel import describe_record, patched_wheel_name, RECORD_MODULE, record_module, repack, stamp_version_py
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
 BUILD_INPUTS = ("patches", "torch_overlay", "csrc", "setup.py", "CMakeLists.txt",
@@ -588,8 +605,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("upstream-tests", help="Dynamo's own tests: stock base wheel vs the custom wheel")
     p.set_defaults(func=cmd_upstream_tests)
     p.add_argument("--pytorch-src", type=Path, required=True, help="a pytorch checkout at the base's tag")
-    p.add_argument("--files", nargs="+", help="test/dynamo/ files to run (default: %s)"
-                   % " ".join(upstream_mod.DEFAULT_FILES))
+    p.add_argument("--files", nargs="+",
+                   help=f"test/dynamo/ files to run (default: {' '.join(upstream_mod.DEFAULT_FILES)})")
     p.add_argument("--patched-venv", type=Path, help="a venv with the custom wheel (default: .venv, built if stale)")
     p.add_argument("--junit-dir", type=Path, help="where the junit xml goes (default: build/upstream-tests)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per test file and env (default 3600)")

@@ -17,9 +17,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .common import DynapatchError, Project, git, log
+from .common import DynapatchError, git, log, Project
 from .devtree import FIXED_ENV
-from .series import Patch, apply_patch, series_digest
+from .series import apply_patch, Patch, series_digest
 from .testsel import node_ids, pr_extra, pr_extra_files, shared_files, test_files
 
 # Trailers that only mean something to dynapatch; the rest (Signed-off-by, ...) are kept.

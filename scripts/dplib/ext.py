@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import common
 from .base import BaseSpec
-from .common import DynapatchError, Project, debug, pip_quiet, python_exe, run
+from .common import debug, DynapatchError, pip_quiet, Project, python_exe, run
 
 EXTENSION_DIR = "torch/_dynamo"
 EXTENSION_NAME = "_guard_accel"

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import DynapatchError, Project, log, python_exe, run
+from .common import DynapatchError, log, Project, python_exe, run
 from .series import NATIVE_DIR, NATIVE_SUFFIXES
 
 LINTED = ("torch_overlay", "scripts", "test")

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import BaseSpec
-from .common import DynapatchError, Project, log, python_exe, run
-from .ext import EXTENSION_DIR, EXTENSION_NAME, build_extension
+from .common import DynapatchError, log, Project, python_exe, run
+from .ext import build_extension, EXTENSION_DIR, EXTENSION_NAME
 from .series import Patch, patched_sources, series_digest
 from .testsel import node_ids, shared_files, test_files
-from .upstream_tests import FAILED, PASSED, SKIPPED, parse_junit, stock_venv
+from .upstream_tests import FAILED, parse_junit, PASSED, SKIPPED, stock_venv
 from .wheel import stamp_version_py
 
 NATIVE_INPUTS = ("csrc", "setup.py", "CMakeLists.txt", "requirements-build.txt")

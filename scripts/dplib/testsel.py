@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import DynapatchError, Project
-from .series import SERIES_INVALID, Patch
+from .series import Patch, SERIES_INVALID
 
 
 @dataclass(frozen=True)

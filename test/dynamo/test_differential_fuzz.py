@@ -12,7 +12,6 @@ import torch
 import torch._dynamo.test_case
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
-
 try:
     from . import differential_fuzz as fuzz
 except ImportError:

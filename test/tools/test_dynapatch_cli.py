@@ -109,7 +109,9 @@ class SeriesValidationTest(ProjectCopyTestCase):
 
     def test_missing_overlay_file(self):
         text = self.patch.read_text()
-        self.patch.write_text(text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:"))
+        self.patch.write_text(
+            text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:")
+        )
         before = self.last_good_build()
         proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
         self.assertFailsWith(proc, 1, self.patch.name, "torch_overlay/torch/_dynamo/absent.py", "missing")
@@ -251,7 +253,9 @@ class CommandLineTest(unittest.TestCase):
                     self.assertTrue(action.help, f"{name} {action.option_strings or action.dest} has no help")
         proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "apply", "--help"],
                               text=True, capture_output=True)
-        self.assertIn("--target TARGET  a pytorch checkout", " ".join(proc.stdout.split()).replace("TARGET a", "TARGET  a"))
+        self.assertIn(
+            "--target TARGET  a pytorch checkout", " ".join(proc.stdout.split()).replace("TARGET a", "TARGET  a")
+        )
 
     def test_version(self):
         proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "--version"],
@@ -265,9 +269,15 @@ class CommandLineTest(unittest.TestCase):
 
 class InfoTest(ProjectCopyTestCase):
     def test_info_prints_series_and_commit_from_the_wheel(self):
-        record = {"version": "2.13.0+cpu.dynapatch.1.gdeadbeef", "variant": "cpu", "base_wheel": "base.whl",
-                  "base_sha256": "b" * 64, "commit": "c" * 40, "series_sha256": "d" * 64,
-                  "patches": [{"name": "0001-x.patch", "sha256": "e" * 64}, {"name": "0002-y.patch", "sha256": "f" * 64}]}
+        record = {
+            "version": "2.13.0+cpu.dynapatch.1.gdeadbeef",
+            "variant": "cpu",
+            "base_wheel": "base.whl",
+            "base_sha256": "b" * 64,
+            "commit": "c" * 40,
+            "series_sha256": "d" * 64,
+            "patches": [{"name": "0001-x.patch", "sha256": "e" * 64}, {"name": "0002-y.patch", "sha256": "f" * 64}],
+        }
         wheel = self.tmp / f"torch-2.13.0+cpu.dynapatch.1.gdeadbeef-{WHEEL_TAGS}.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module(record))

@@ -5,7 +5,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from test_dynapatch_cli import CACHE, ROOT, WHEEL_TAGS, ProjectCopyTestCase  # also puts scripts/ on sys.path
+from test_dynapatch_cli import CACHE, ProjectCopyTestCase, ROOT, WHEEL_TAGS  # also puts scripts/ on sys.path
 
 from dplib.base import load_base
 from dplib.common import Project
@@ -83,7 +83,9 @@ class ExportPrsTest(ProjectCopyTestCase):
         self.assertRegex(proc.stdout, r"\| 1/\d+ \| optimizer-init-group-match \| test/dynamo/test_am_fixture.py "
                                       r"\| 2/1/0 \| no \| \d+ \| FAIL \|")
         self.assertIn("test_fails_on_purpose", proc.stdout)
-        self.assertEqual(len(list((self.tmp / "prs").glob("*.patch"))), len(list((self.project / "patches").glob("*.patch"))))
+        self.assertEqual(
+            len(list((self.tmp / "prs").glob("*.patch"))), len(list((self.project / "patches").glob("*.patch")))
+        )
 
     def test_message_is_a_pr_description(self):
         out = self.tmp / "prs"
