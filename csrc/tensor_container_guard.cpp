@@ -704,7 +704,7 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
 // What GradGuardAccessor + NONE_MATCH / NOT_NONE_MATCH + TENSOR_MATCH check
 // about an element's .grad. The grad's Python object is the one `tensor.grad`
 // returns (THPVariable_Wrap of the C++ grad; PyObject preservation keeps it
-// while the grad lives), so the aliasing identity matches the stock guard's.
+// while the grad lives), so the aliasing identity matches the Python guard's.
 template <bool kVerbose>
 bool TensorContainerGuard::check_grad(
     const Record& r,

@@ -910,7 +910,7 @@ def gen_hooks(r: random.Random, backend: str) -> dict[str, Any]:
 
     return dict(
         backend=_pick_backend(r, backend),
-        # Stock's default skips guards on module hook dicts, so hooks added between calls
+        # Dynamo's default skips guards on module hook dicts, so hooks added between calls
         # are knowingly ignored by code compiled before; fuzz the sound setting.
         config={"skip_nnmodule_hook_guards": False},
         template=HOOKS_TEMPLATE,
