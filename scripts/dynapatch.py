@@ -17,6 +17,7 @@ Subcommands:
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
   rebase-check    per patch and hunk, does the series apply to another release (--to)
   stack-test      each prefix of the series passes the tests its last patch ships
+  stats           per patch: upstream lines +/-, overlay and native lines, test cases
   lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
 
 Each step prints a line when it starts and its time when it ends; -v shows the commands
@@ -48,6 +49,7 @@ from dplib import (
     lint as lint_mod,
     rebase as rebase_mod,
     stacktest as stacktest_mod,
+    stats as stats_mod,
     testsel as testsel_mod,
     upstream_tests as upstream_mod,
 )
@@ -508,6 +510,13 @@ def cmd_stack_test(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 after printing the per-patch table; 1 if the series is invalid."""
+    patches = load_series(project)
+    print(stats_mod.format_table(stats_mod.patch_stats(project, patches)), flush=True)
+    return 0
+
+
 def cmd_lint(project: Project, args: argparse.Namespace) -> int:
     """Exit 0 if ruff finds nothing and csrc/ is clang-formatted; 1 otherwise."""
     lint_mod.lint(project)
@@ -622,6 +631,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", action="store_true", help="only the whole series (what CI runs)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per prefix (default 3600)")
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("stats", help="per patch: upstream lines +/-, overlay and native lines, upstream test "
+                       "edits, test cases shipped")
+    p.set_defaults(func=cmd_stats)
     p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
     p.set_defaults(func=cmd_lint)
     # A subcommand's --help starts with what it does: its one-line help where it has no description.

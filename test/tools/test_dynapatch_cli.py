@@ -471,3 +471,55 @@ class LintTest(ProjectCopyTestCase):
         proc = self.dynapatch("lint")
         self.assertFailsWith(proc, 1, "ruff found problems")
         self.assertIn("scripts/unused_import.py:1:8: F401", proc.stdout)
+
+
+class StatsTest(ProjectCopyTestCase):
+    """stats: per patch, upstream +/- (as git apply --numstat counts them), overlay, native lines, cases."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def rows(self):
+        proc = self.dynapatch("stats")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        rows = {}
+        for line in proc.stdout.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+        return rows
+
+    def test_counts_match_numstat_and_the_files(self):
+        rows = self.rows()
+        patches = sorted((self.project / "patches").glob("0*.patch"))
+        self.assertEqual(len(rows), len(patches) + 1)  # and the total
+        for patch in patches:
+            numstat = subprocess.run(["git", "apply", "--numstat", str(patch)], capture_output=True, text=True,
+                                     cwd=self.tmp, check=True).stdout.split()
+            added, removed = sum(map(int, numstat[0::3])), sum(map(int, numstat[1::3]))
+            self.assertEqual(rows[patch.name[:4]][1], f"+{added}/-{removed}", patch.name)
+        native = sum(len(p.read_text().splitlines()) for p in (self.project / "csrc").iterdir())
+        self.assertEqual(rows["0008"][3], str(native))  # 0008 owns every csrc/ file
+        overlay = [line.split(": ", 1)[1] for line in patches[2].read_text().splitlines()
+                   if line.startswith("Overlay-File: ")]
+        self.assertEqual(rows["0003"][2], str(sum(len((self.project / "torch_overlay" / rel).read_text()
+                                                      .splitlines()) for rel in overlay)))
+
+    def test_cases_follow_the_patch_that_owns_them(self):
+        before = self.rows()
+        first = self.project / "test/dynamo/test_optimizer_variable.py"
+        first.write_text(first.read_text() + "\n\ndef test_added():\n    pass\n")
+        # A method 0004's selector (InitValuesOnceTests::test_torch_optim_*) takes from 0003's file.
+        shared = self.project / "test/dynamo/test_init_values_once.py"
+        text = shared.read_text()
+        anchor = "class InitValuesOnceTests("
+        self.assertIn(anchor, text)
+        head, tail = text.split(anchor, 1)
+        body_start = tail.index("\n    def ")
+        shared.write_text(head + anchor + tail[:body_start] + "\n    def test_torch_optim_added(self):\n"
+                          "        pass\n" + tail[body_start:])
+        after = self.rows()
+        self.assertEqual(int(after["0001"][5]), int(before["0001"][5]) + 1)
+        self.assertEqual(int(after["0004"][5]), int(before["0004"][5]) + 1)
+        self.assertEqual(after["0003"][5], before["0003"][5])
+        self.assertEqual(int(after["all"][5]), int(before["all"][5]) + 2)
