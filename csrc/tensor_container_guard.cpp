@@ -123,13 +123,14 @@ const char* const kMarkAttrNames[kNumMarkAttrs] = {
 PyObject* g_mark_attr_names[kNumMarkAttrs] = {}; // interned, see intern()
 PyObject* g_issubset_name = nullptr;
 
-// torch.utils._python_dispatch keeps, in a module global, the flag that
-// Dynamo's C++ guards keep in a thread local
-// (set_is_in_mode_without_ignore_compile_internals is called with that global).
-// The thread local is not exported, so we read the global, and only when a
-// Python dispatch key is involved.
-PyObject* g_python_dispatch_dict = nullptr;
-PyObject* g_mode_flag_name = nullptr;
+// Whether a TorchDispatchMode with ignore_compile_internals=False is active:
+// Dynamo's C++ guards read it from a thread local
+// (get_is_in_mode_without_ignore_compile_internals() in
+// torch/csrc/dynamo/guards.h), which libtorch_python does not export. Its only
+// writer, torch.utils._python_dispatch, sets it from a module global that
+// is_in_any_mode_without_ignore_compile_internals() returns, so we call that
+// public function, and only when a Python dispatch key is involved.
+PyObject* g_mode_flag_getter = nullptr;
 
 const c10::DispatchKeySet kPythonKeys({
     c10::DispatchKey::Python,
@@ -138,23 +139,34 @@ const c10::DispatchKeySet kPythonKeys({
 });
 
 bool should_mask_python_keys() {
-  if (g_python_dispatch_dict == nullptr) {
+  if (g_mode_flag_getter == nullptr) {
     return true;
   }
-  PyObject* flag =
-      PyDict_GetItemWithError(g_python_dispatch_dict, g_mode_flag_name);
+  PyObject* flag = PyObject_CallNoArgs(g_mode_flag_getter);
   if (flag == nullptr) {
-    PyErr_Clear();
+    PyErr_Clear(); // as if no such mode were active: mask, as LocalState does
     return true;
   }
-  return flag != Py_True;
+  bool in_mode = flag == Py_True;
+  Py_DECREF(flag);
+  return !in_mode;
 }
 
-// The dispatch key transformation of Dynamo's LocalState, from the current TLS.
-// LocalState itself (torch/csrc/dynamo/guards.h) reads the mode flag through
-// get_is_in_mode_without_ignore_compile_internals(), which libtorch_python does
-// not export; an in-tree port uses LocalState and drops this class and the flag
-// lookup.
+// LocalState::apply of torch/csrc/dynamo/guards.h, the dispatch key
+// transformation TENSOR_MATCH checks with. LocalState itself cannot be used
+// from outside libtorch_python: its inline constructor calls
+// get_is_in_mode_without_ignore_compile_internals(), and neither that function
+// nor the thread local behind it is exported (libtorch_python exports only
+// TORCH_PYTHON_API symbols; in 2.13 none of torch::dynamo's guard code), so a
+// module using it does not load. What is usable is used: the include/exclude
+// sets come from c10's exported tls_local_dispatch_key_set(), the mode flag
+// from the public Python getter above. Differences: the flag is read lazily
+// (only for a tensor with a Python key), and it is the process-wide value
+// where LocalState reads the thread's; with modes entered on another thread
+// the recorded and checked key sets then differ, which fails the guard (a
+// recompile), never passes it. An in-tree port constructs a LocalState and
+// drops this class and the getter; override_dispatch_key_set (set by guards
+// outside this module) is not needed here.
 class DispatchState {
  public:
   DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}
@@ -2276,11 +2288,13 @@ void init_tensor_container_guard(py::module_& m) {
     g_mark_attr_names[a] = intern(kMarkAttrNames[a]);
   }
   g_issubset_name = intern("issubset");
-  g_mode_flag_name = intern("_is_in_any_mode_without_ignore_compile_internals");
   py::module_ dispatch = py::module_::import("torch.utils._python_dispatch");
   // Never released, like the interned names.
-  g_python_dispatch_dict =
-      py::object(dispatch.attr("__dict__")).release().ptr();
+  g_mode_flag_getter =
+      py::object(
+          dispatch.attr("is_in_any_mode_without_ignore_compile_internals"))
+          .release()
+          .ptr();
 
   ready_type(
       GuardType,

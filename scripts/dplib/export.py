@@ -42,6 +42,11 @@ changes, mechanically:
   raw PyObject* with manual reference counts;
 - a failing check returns GuardDebugInfo(false, reasons, ...) with its reason strings
   instead of recording the reason for the Python side;
+- DispatchState (LocalState::apply re-done with c10's exported TLS getter and
+  the public Python getter of the dispatch-mode flag, because LocalState's
+  constructor calls get_is_in_mode_without_ignore_compile_internals(), which
+  libtorch_python does not export) becomes a LocalState, which also reads the
+  flag per thread instead of process-wide;
 - the module's bindings move from PYBIND11_MODULE into initDynamoBindings
   (torch._C._dynamo), and guard_accel.py imports them from there."""
 
