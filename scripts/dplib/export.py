@@ -272,7 +272,7 @@ def verify_prs(project: Project, spec, wheel: Path, pristine: Path, patches: lis
                 continue
             stacktest.run_tests(project, venv, repo, ids, work / f"junit-{index + 1:04d}.xml",
                                 f"export-prs --verify {index + 1}/{len(patches)} {patch.patch_name}", timeout,
-                                result)
+                                result, safe_path=True)
     finally:
         installer._restore()
     return results

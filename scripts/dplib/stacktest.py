@@ -168,11 +168,13 @@ class Installer:
 
 
 def run_tests(project: Project, venv: Path, cwd: Path, ids: list[str], junit: Path, label: str,
-              timeout: float, result: PrefixResult) -> None:
+              timeout: float, result: PrefixResult, *, safe_path: bool = False) -> None:
     """pytest `ids` in `venv` from `cwd`; fills `result` (statuses, seconds, error).
 
     `python -P`: the working directory is not put on sys.path, so from a pytorch tree `import
     torch` is the venv's installed torch, not the tree's sources (which have no libraries).
+    `safe_path` (a pytorch tree as `cwd`) does the same for the interpreters the tests start
+    (PYTHONSAFEPATH=1), such as the subprocesses of the native bad-argument tests.
     """
     started = time.monotonic()
     junit.unlink(missing_ok=True)
@@ -180,6 +182,8 @@ def run_tests(project: Project, venv: Path, cwd: Path, ids: list[str], junit: Pa
            f"--junitxml={junit}", *ids]
     log(f"{label}: $ " + " ".join(cmd[1:]))
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DYNAPATCH_CACHE_DIR": str(project.cache)}
+    if safe_path:
+        env["PYTHONSAFEPATH"] = "1"
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
