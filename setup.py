@@ -54,12 +54,16 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         source_dir = Path(__file__).parent.resolve()
+        # The native sources: csrc/, or another directory holding the same files (export-prs
+        # --verify builds them from a pytorch tree's torch/csrc/dynamo).
+        native_dir = Path(os.environ.get("DYNAPATCH_GUARD_ACCEL_SOURCES") or source_dir / "csrc").resolve()
         subprocess.check_call([
             "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DTORCH_ROOT={torch_root}",
             f"-DTORCH_CXX11_ABI={cxx11_abi(Path(torch_root))}",
             f"-DGUARD_ACCEL_VERSION={GUARD_ACCEL_VERSION}",
+            f"-DGUARD_ACCEL_SOURCES={native_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DGUARD_ACCEL_ASAN={'ON' if os.environ.get('DYNAPATCH_GUARD_ACCEL_ASAN') == '1' else 'OFF'}",

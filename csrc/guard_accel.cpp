@@ -1,8 +1,9 @@
 // torch._dynamo._guard_accel: native guards for dynapatch.
 //
-// Dynamo's own guard classes are not exported by libtorch_python, so these guards
-// are plain Python callables that torch/_dynamo/guard_accel.py installs through the
-// guard manager's Python bindings (add_lambda_guard, add_epilogue_lambda_guard).
+// Dynamo's own guard classes are not exported by libtorch_python, so these
+// guards are plain Python callables that torch/_dynamo/guard_accel.py installs
+// through the guard manager's Python bindings (add_lambda_guard,
+// add_epilogue_lambda_guard).
 #include <pybind11/pybind11.h>
 
 #include "tensor_container_guard.h"

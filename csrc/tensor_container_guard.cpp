@@ -1,25 +1,29 @@
-// TensorContainerGuard: one native leaf guard for a list, tuple or dict of tensors.
+// TensorContainerGuard: one native leaf guard for a list, tuple or dict of
+// tensors.
 //
 // Without it, Dynamo checks every tensor of a container through its own guard
-// node: an accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share of
-// the relational NO_TENSOR_ALIASING guard. This guard keeps the same per-tensor facts
-// as flat records and checks a whole container in one loop with early exit. It is
-// a plain Python callable (vectorcall), installed with GuardManager.add_lambda_guard
-// on the container's node by torch/_dynamo/guard_accel.py.
+// node: an accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share
+// of the relational NO_TENSOR_ALIASING guard. This guard keeps the same
+// per-tensor facts as flat records and checks a whole container in one loop
+// with early exit. It is a plain Python callable (vectorcall), installed with
+// GuardManager.add_lambda_guard on the container's node by
+// torch/_dynamo/guard_accel.py.
 //
-// What a record checks is what TENSOR_MATCH checks (torch/csrc/dynamo/guards.cpp,
-// TensorCheck): exact Python type, the dispatch key set after the thread-local
-// include/exclude sets (and Python-key masking) are applied, dtype, device index,
-// requires_grad, rank, and every size and stride that is not dynamic. It also
-// checks the dimension-marking attributes (_dynamo_dynamic_indices & co) the way
-// DIMENSION_DYNAMIC_MARKING_GUARD does. Aliasing is collected into a
-// TensorAliasingGroup and decided once per check by its epilogue guard.
+// What a record checks is what TENSOR_MATCH checks
+// (torch/csrc/dynamo/guards.cpp, TensorCheck): exact Python type, the dispatch
+// key set after the thread-local include/exclude sets (and Python-key masking)
+// are applied, dtype, device index, requires_grad, rank, and every size and
+// stride that is not dynamic. It also checks the dimension-marking attributes
+// (_dynamo_dynamic_indices & co) the way DIMENSION_DYNAMIC_MARKING_GUARD does.
+// Aliasing is collected into a TensorAliasingGroup and decided once per check
+// by its epilogue guard.
 //
 // Shape (for an in-tree port to torch/csrc/dynamo/guards.cpp): each guard class
-// has LeafGuard's interface, check_nopybind (hot path) and check_verbose_nopybind
-// (a GuardDebugInfo with the reason); strong references are py::object members;
-// every C-API entry point runs inside GUARD_ACCEL_TRY/CATCH (HANDLE_TH_ERRORS
-// in-tree), so no C++ exception reaches the interpreter.
+// has LeafGuard's interface, check_nopybind (hot path) and
+// check_verbose_nopybind (a GuardDebugInfo with the reason); strong references
+// are py::object members; every C-API entry point runs inside
+// GUARD_ACCEL_TRY/CATCH (HANDLE_TH_ERRORS in-tree), so no C++ exception reaches
+// the interpreter.
 #include "tensor_container_guard.h"
 
 #include <c10/core/DispatchKeySet.h>
@@ -43,8 +47,8 @@ namespace py = pybind11;
 namespace dynapatch {
 namespace {
 
-// Sets the Python error for the C++ exception being handled. Called from a catch
-// block only; never throws.
+// Sets the Python error for the C++ exception being handled. Called from a
+// catch block only; never throws.
 void set_python_error_from_current_exception() noexcept {
   try {
     throw;
@@ -57,7 +61,9 @@ void set_python_error_from_current_exception() noexcept {
       // c10::Error and std exceptions, as HANDLE_TH_ERRORS translates them.
       torch::translate_exception_to_python(std::current_exception());
     } catch (...) {
-      PyErr_SetString(PyExc_RuntimeError, "torch._dynamo._guard_accel: unknown C++ exception");
+      PyErr_SetString(
+          PyExc_RuntimeError,
+          "torch._dynamo._guard_accel: unknown C++ exception");
     }
   }
 }
@@ -65,11 +71,11 @@ void set_python_error_from_current_exception() noexcept {
 // The body of every C-API entry point (tp_call/vectorcall, methods, tp_new):
 // a C++ exception becomes a Python error and the function returns `retval`.
 #define GUARD_ACCEL_TRY try {
-#define GUARD_ACCEL_CATCH(retval)               \
-  }                                             \
-  catch (...) {                                 \
-    set_python_error_from_current_exception();  \
-    return retval;                              \
+#define GUARD_ACCEL_CATCH(retval)              \
+  }                                            \
+  catch (...) {                                \
+    set_python_error_from_current_exception(); \
+    return retval;                             \
   }
 
 // What torch/csrc/dynamo/guards.cpp's GuardDebugInfo carries for a leaf guard.
@@ -104,7 +110,8 @@ PyObject* intern(const char* s) {
 // A size or stride entry that is not checked (a dynamic dimension).
 constexpr int64_t kUnchecked = std::numeric_limits<int64_t>::min();
 
-// The attributes DIMENSION_DYNAMIC_MARKING_GUARD looks at, in guards.py's order.
+// The attributes DIMENSION_DYNAMIC_MARKING_GUARD looks at, in guards.py's
+// order.
 constexpr int kNumMarkAttrs = 5;
 const char* const kMarkAttrNames[kNumMarkAttrs] = {
     "_dynamo_dynamic_indices",
@@ -116,12 +123,14 @@ const char* const kMarkAttrNames[kNumMarkAttrs] = {
 PyObject* g_mark_attr_names[kNumMarkAttrs] = {}; // interned, see intern()
 PyObject* g_issubset_name = nullptr;
 
-// torch.utils._python_dispatch keeps, in a module global, the flag that Dynamo's
-// C++ guards keep in a thread local (set_is_in_mode_without_ignore_compile_internals
-// is called with that global). The thread local is not exported, so we read the
-// global, and only when a Python dispatch key is involved.
-PyObject* g_python_dispatch_dict = nullptr;
-PyObject* g_mode_flag_name = nullptr;
+// Whether a TorchDispatchMode with ignore_compile_internals=False is active:
+// Dynamo's C++ guards read it from a thread local
+// (get_is_in_mode_without_ignore_compile_internals() in
+// torch/csrc/dynamo/guards.h), which libtorch_python does not export. Its only
+// writer, torch.utils._python_dispatch, sets it from a module global that
+// is_in_any_mode_without_ignore_compile_internals() returns, so we call that
+// public function, and only when a Python dispatch key is involved.
+PyObject* g_mode_flag_getter = nullptr;
 
 const c10::DispatchKeySet kPythonKeys({
     c10::DispatchKey::Python,
@@ -130,21 +139,34 @@ const c10::DispatchKeySet kPythonKeys({
 });
 
 bool should_mask_python_keys() {
-  if (g_python_dispatch_dict == nullptr) {
+  if (g_mode_flag_getter == nullptr) {
     return true;
   }
-  PyObject* flag = PyDict_GetItemWithError(g_python_dispatch_dict, g_mode_flag_name);
+  PyObject* flag = PyObject_CallNoArgs(g_mode_flag_getter);
   if (flag == nullptr) {
-    PyErr_Clear();
+    PyErr_Clear(); // as if no such mode were active: mask, as LocalState does
     return true;
   }
-  return flag != Py_True;
+  bool in_mode = flag == Py_True;
+  Py_DECREF(flag);
+  return !in_mode;
 }
 
-// The dispatch key transformation of Dynamo's LocalState, from the current TLS.
-// LocalState itself (torch/csrc/dynamo/guards.h) reads the mode flag through
-// get_is_in_mode_without_ignore_compile_internals(), which libtorch_python does not
-// export; an in-tree port uses LocalState and drops this class and the flag lookup.
+// LocalState::apply of torch/csrc/dynamo/guards.h, the dispatch key
+// transformation TENSOR_MATCH checks with. LocalState itself cannot be used
+// from outside libtorch_python: its inline constructor calls
+// get_is_in_mode_without_ignore_compile_internals(), and neither that function
+// nor the thread local behind it is exported (libtorch_python exports only
+// TORCH_PYTHON_API symbols; in 2.13 none of torch::dynamo's guard code), so a
+// module using it does not load. What is usable is used: the include/exclude
+// sets come from c10's exported tls_local_dispatch_key_set(), the mode flag
+// from the public Python getter above. Differences: the flag is read lazily
+// (only for a tensor with a Python key), and it is the process-wide value
+// where LocalState reads the thread's; with modes entered on another thread
+// the recorded and checked key sets then differ, which fails the guard (a
+// recompile), never passes it. An in-tree port constructs a LocalState and
+// drops this class and the getter; override_dispatch_key_set (set by guards
+// outside this module) is not needed here.
 class DispatchState {
  public:
   DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}
@@ -180,12 +202,13 @@ bool type_may_have_mark_attrs(PyTypeObject* type) {
 }
 
 unsigned int valid_version_tag(PyTypeObject* type) {
-  return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
+  return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag
+                                                         : 0;
 }
 
-// A concrete size or stride equal to `expected`. Symbolic values (only seen under
-// fake/functional modes, never for real inputs) do not match; this stays in line
-// (SymInt::maybe_as_int is not inlined and dominated the loop).
+// A concrete size or stride equal to `expected`. Symbolic values (only seen
+// under fake/functional modes, never for real inputs) do not match; this stays
+// in line (SymInt::maybe_as_int is not inlined and dominated the loop).
 C10_ALWAYS_INLINE bool symint_equals(const c10::SymInt& v, int64_t expected) {
   return !v.is_heap_allocated() && v.as_int_unchecked() == expected;
 }
@@ -199,10 +222,12 @@ uint64_t dict_version(PyObject* dict) {
 #endif
 }
 
-// The instance __dict__ of a tensor, or nullptr when it has no instance attributes.
+// The instance __dict__ of a tensor, or nullptr when it has no instance
+// attributes.
 PyObject* instance_dict(PyObject* obj) {
   PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
-  if (dict_ptr == nullptr || *dict_ptr == nullptr || PyDict_GET_SIZE(*dict_ptr) == 0) {
+  if (dict_ptr == nullptr || *dict_ptr == nullptr ||
+      PyDict_GET_SIZE(*dict_ptr) == 0) {
     return nullptr;
   }
   return *dict_ptr;
@@ -236,16 +261,18 @@ struct Mismatch {
   Py_ssize_t position = -1; // dict position for kKey
   int dim = -1; // size/stride dimension, or mark attribute index
   PyObject* value = nullptr; // borrowed: the element (or key) that failed
-  bool in_grad = false; // the field is the element's .grad's (value is the element)
+  bool in_grad =
+      false; // the field is the element's .grad's (value is the element)
 };
 
-// Record::grad when the element's .grad is not checked, must be None, or must be
-// a tensor without further checks; >= 0 indexes grad_records_.
+// Record::grad when the element's .grad is not checked, must be None, or must
+// be a tensor without further checks; >= 0 indexes grad_records_.
 constexpr int32_t kGradUnchecked = -1;
 constexpr int32_t kGradMustBeNone = -2;
 constexpr int32_t kGradMustBePresent = -3;
 
-// Everything TENSOR_MATCH and the dimension-marking guard know about one tensor.
+// Everything TENSOR_MATCH and the dimension-marking guard know about one
+// tensor.
 struct Record {
   py::object pytype; // the exact Python type
   PyTypeObject* type() const {
@@ -257,10 +284,13 @@ struct Record {
   bool requires_grad = false;
   int32_t alias_slot = -1; // index into the aliasing participant, or -1
   int32_t rank = 0;
-  uint32_t shape_offset = 0; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
-  int32_t marks = -1; // -1: every mark attribute must be absent; else index into marks_
+  uint32_t shape_offset =
+      0; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
+  int32_t marks =
+      -1; // -1: every mark attribute must be absent; else index into marks_
   Py_ssize_t locator = 0; // list/tuple index or dict position
-  py::object key; // the dict key (dict containers; kDictNested: the inner key), else null
+  py::object key; // the dict key (dict containers; kDictNested: the inner key),
+                  // else null
   int32_t grad = kGradUnchecked; // kGrad* or an index into grad_records_
   // ma_version_tag of the instance __dict__ that last passed the marking check.
   // Dict versions are unique process-wide (a new or modified dict gets a new
@@ -269,7 +299,8 @@ struct Record {
 };
 
 // Per mark attribute: nullptr means the attribute must be absent; otherwise a
-// present attribute must be a subset of this object (guards.py's issubset check).
+// present attribute must be a subset of this object (guards.py's issubset
+// check).
 struct MarkExpectation {
   py::object subset_of[kNumMarkAttrs];
 };
@@ -286,8 +317,9 @@ enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
 // that is not dirty holds exactly the identities of the last check that found
 // all of them pairwise distinct. So when no participant is dirty the epilogue
 // passes without looking at a single pointer; otherwise all identities go
-// through a hash set, and on success the dirty marks are cleared. Identities are
-// compared as raw pointers only, never dereferenced: no tensor is kept alive.
+// through a hash set, and on success the dirty marks are cleared. Identities
+// are compared as raw pointers only, never dereferenced: no tensor is kept
+// alive.
 class TensorAliasingGroup final : public LeafGuardLike {
  public:
   struct Participant {
@@ -424,7 +456,8 @@ class TensorContainerGuard final : public LeafGuardLike {
   std::vector<int64_t> shape_;
   std::vector<MarkExpectation> marks_;
   std::vector<std::string> names_; // per record, e.g. L['xs'][3]
-  std::vector<PyTypeObject*> tensor_types_; // distinct record types (owned by records_)
+  std::vector<PyTypeObject*>
+      tensor_types_; // distinct record types (owned by records_)
   std::vector<unsigned int> type_versions_; // version tag at last verification
   py::object group_object_; // the TensorAliasingGroup object owning group_
   TensorAliasingGroup* group_ = nullptr;
@@ -491,7 +524,8 @@ int mark_attr_index(PyObject* key) {
     return -2;
   }
   if (PyUnicode_CHECK_INTERNED(key)) {
-    return -1; // the names are interned: an equal interned string is the same object
+    return -1; // the names are interned: an equal interned string is the same
+               // object
   }
   for (int a = 0; a < kNumMarkAttrs; a++) {
     if (PyUnicode_Compare(key, g_mark_attr_names[a]) == 0) {
@@ -504,7 +538,8 @@ int mark_attr_index(PyObject* key) {
 
 // Dynamo's marking APIs store sets of ints. For those, issubset runs no Python
 // code; for anything else it could, in the middle of a check over borrowed
-// references, so such a value does not match (a recompile, never a wrong accept).
+// references, so such a value does not match (a recompile, never a wrong
+// accept).
 bool is_set_of_ints(PyObject* obj) {
   if (!PyAnySet_CheckExact(obj)) {
     return false;
@@ -526,8 +561,12 @@ bool is_set_of_ints(PyObject* obj) {
   return ints;
 }
 
-bool TensorContainerGuard::mark_matches(const Record& r, int a, PyObject* present) {
-  PyObject* expected = r.marks < 0 ? nullptr : marks_[r.marks].subset_of[a].ptr();
+bool TensorContainerGuard::mark_matches(
+    const Record& r,
+    int a,
+    PyObject* present) {
+  PyObject* expected =
+      r.marks < 0 ? nullptr : marks_[r.marks].subset_of[a].ptr();
   if (expected == nullptr) {
     return false; // compiled without the attribute: a new marking recompiles
   }
@@ -549,10 +588,13 @@ bool TensorContainerGuard::mark_matches(const Record& r, int a, PyObject* presen
 
 // DIMENSION_DYNAMIC_MARKING_GUARD: an attribute that was absent at compile time
 // must still be absent; one that was present must be absent or a subset of the
-// compiled one. Tensors usually have no instance attributes at all; Dynamo gives
-// parameters one (_dynamo_static_input_type), so the __dict__ is scanned once
-// instead of being probed for each of the five names.
-bool TensorContainerGuard::marks_match(const Record& r, PyObject* obj, int* attr_out) {
+// compiled one. Tensors usually have no instance attributes at all; Dynamo
+// gives parameters one (_dynamo_static_input_type), so the __dict__ is scanned
+// once instead of being probed for each of the five names.
+bool TensorContainerGuard::marks_match(
+    const Record& r,
+    PyObject* obj,
+    int* attr_out) {
   PyObject* dict = instance_dict(obj);
   if (dict == nullptr) {
     return true; // absent is always accepted
@@ -568,7 +610,10 @@ bool TensorContainerGuard::marks_match(const Record& r, PyObject* obj, int* attr
   return true;
 }
 
-bool TensorContainerGuard::scan_marks(const Record& r, PyObject* dict, int* attr_out) {
+bool TensorContainerGuard::scan_marks(
+    const Record& r,
+    PyObject* dict,
+    int* attr_out) {
   Py_ssize_t pos = 0;
   PyObject* key = nullptr;
   PyObject* value = nullptr;
@@ -647,7 +692,8 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
     c10::SymIntArrayRef strides = impl->sym_strides();
     expected += r.rank;
     for (int32_t d = 0; d < r.rank; d++) {
-      if (expected[d] != kUnchecked && !symint_equals(strides[d], expected[d])) {
+      if (expected[d] != kUnchecked &&
+          !symint_equals(strides[d], expected[d])) {
         return fail(Field::kStride, d);
       }
     }
@@ -667,10 +713,10 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
   return true;
 }
 
-// What GradGuardAccessor + NONE_MATCH / NOT_NONE_MATCH + TENSOR_MATCH check about
-// an element's .grad. The grad's Python object is the one `tensor.grad` returns
-// (THPVariable_Wrap of the C++ grad; PyObject preservation keeps it while the
-// grad lives), so the aliasing identity matches the stock guard's.
+// What GradGuardAccessor + NONE_MATCH / NOT_NONE_MATCH + TENSOR_MATCH check
+// about an element's .grad. The grad's Python object is the one `tensor.grad`
+// returns (THPVariable_Wrap of the C++ grad; PyObject preservation keeps it
+// while the grad lives), so the aliasing identity matches the Python guard's.
 template <bool kVerbose>
 bool TensorContainerGuard::check_grad(
     const Record& r,
@@ -687,7 +733,8 @@ bool TensorContainerGuard::check_grad(
     }
     return false;
   };
-  const at::Tensor& grad = THPVariable_Unpack(obj).unsafeGetTensorImpl()->grad();
+  const at::Tensor& grad =
+      THPVariable_Unpack(obj).unsafeGetTensorImpl()->grad();
   if (!grad.defined()) {
     return r.grad == kGradMustBeNone || fail(Field::kGradNone);
   }
@@ -700,7 +747,8 @@ bool TensorContainerGuard::check_grad(
   // The grad's Python object, as `tensor.grad` returns it: the one its
   // TensorImpl already has (alive while the grad is), else a new one.
   py::object grad_obj;
-  if (PyObject* existing = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
+  if (PyObject* existing =
+          grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
     grad_obj = py::reinterpret_borrow<py::object>(existing);
   } else {
     grad_obj = py::reinterpret_steal<py::object>(THPVariable_Wrap(grad));
@@ -725,10 +773,11 @@ bool TensorContainerGuard::check_grad(
 // The loop is bound by loads from objects scattered over the heap: the Python
 // object, its TensorImpl, the instance __dict__ if it has one (parameters do:
 // Dynamo marks them) and, for tensors that require grad, the AutogradMeta.
-// Prefetch them in three stages, each from pointers an earlier stage brought in.
-// elements[i] is the object to check against records_[i].
-void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t i)
-    const {
+// Prefetch them in three stages, each from pointers an earlier stage brought
+// in. elements[i] is the object to check against records_[i].
+void TensorContainerGuard::prefetch_ahead(
+    PyObject* const* elements,
+    Py_ssize_t i) const {
   constexpr Py_ssize_t kObjectAhead = 16;
   constexpr Py_ssize_t kImplAhead = 8;
   constexpr Py_ssize_t kIndirectAhead = 4;
@@ -742,8 +791,8 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
   if (i + kImplAhead < n) {
     PyObject* obj = elements[i + kImplAhead];
     if (Py_TYPE(obj) == records_[i + kImplAhead].type()) {
-      const char* impl =
-          reinterpret_cast<const char*>(THPVariable_Unpack(obj).unsafeGetTensorImpl());
+      const char* impl = reinterpret_cast<const char*>(
+          THPVariable_Unpack(obj).unsafeGetTensorImpl());
       for (int line = 0; line < 4; line++) {
         __builtin_prefetch(impl + 64 * line);
       }
@@ -778,7 +827,9 @@ void TensorContainerGuard::prefetch_ahead(PyObject* const* elements, Py_ssize_t 
 // True iff the keys of the exact dict are `keys`, in order; its values go to
 // inner_values_ (one walk, no lookups). Both sides are exact str, so comparing
 // them runs no Python code.
-bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<py::object>& keys) {
+bool TensorContainerGuard::read_inner_dict(
+    PyObject* dict,
+    const std::vector<py::object>& keys) {
   if (PyDict_GET_SIZE(dict) != static_cast<Py_ssize_t>(keys.size())) {
     return false;
   }
@@ -787,7 +838,8 @@ bool TensorContainerGuard::read_inner_dict(PyObject* dict, const std::vector<py:
   PyObject* value = nullptr;
   for (size_t k = 0; PyDict_Next(dict, &pos, &key, &value); k++) {
     if (key != keys[k].ptr() &&
-        !(PyUnicode_CheckExact(key) && PyUnicode_Compare(key, keys[k].ptr()) == 0)) {
+        !(PyUnicode_CheckExact(key) &&
+          PyUnicode_Compare(key, keys[k].ptr()) == 0)) {
       return false;
     }
     inner_values_[k] = value;
@@ -835,7 +887,8 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
     }
     case Kind::kDictLookup: {
       // Same answer as one PyDict lookup per key (DictGetItemGuardAccessor);
-      // walking the entries in order and comparing key pointers is the fast path.
+      // walking the entries in order and comparing key pointers is the fast
+      // path.
       if (!PyDict_Check(container)) {
         return fail(Field::kContainerType);
       }
@@ -847,8 +900,9 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       while (i < n && PyDict_Next(container, &pos, &key, &value)) {
         const Record& r = records_[i];
         if (r.locator == position) {
-          elements_[i] =
-              key == r.key.ptr() ? value : PyDict_GetItemWithError(container, r.key.ptr());
+          elements_[i] = key == r.key.ptr()
+              ? value
+              : PyDict_GetItemWithError(container, r.key.ptr());
           if (elements_[i] == nullptr) {
             PyErr_Clear();
             return fail(Field::kMissing, i);
@@ -858,7 +912,8 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
         position++;
       }
       for (; i < n; i++) { // the dict got shorter: plain lookups
-        elements_[i] = PyDict_GetItemWithError(container, records_[i].key.ptr());
+        elements_[i] =
+            PyDict_GetItemWithError(container, records_[i].key.ptr());
         if (elements_[i] == nullptr) {
           PyErr_Clear();
           return fail(Field::kMissing, i);
@@ -907,7 +962,9 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
         position++;
       }
       if (i < n) {
-        return fail(Field::kMissing, i); // never: locators are checked to be < dict_size_
+        return fail(
+            Field::kMissing,
+            i); // never: locators are checked to be < dict_size_
       }
       return true;
     }
@@ -921,7 +978,8 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
       }
       // Two passes: the inner dicts in order (a sequential walk of the outer
       // dict's entries), then the lookups, prefetching the inner dicts and
-      // their key tables a few records ahead (they are scattered over the heap).
+      // their key tables a few records ahead (they are scattered over the
+      // heap).
       Py_ssize_t pos = 0;
       Py_ssize_t position = 0;
       Py_ssize_t i = 0;
@@ -942,9 +1000,11 @@ bool TensorContainerGuard::gather(PyObject* container, Mismatch* out) {
         if (i + kDictAhead < n) {
           __builtin_prefetch(elements_[i + kDictAhead]);
         }
-        if (i + kKeysAhead < n && Py_TYPE(elements_[i + kKeysAhead]) == inner_type()) {
+        if (i + kKeysAhead < n &&
+            Py_TYPE(elements_[i + kKeysAhead]) == inner_type()) {
           __builtin_prefetch(
-              reinterpret_cast<PyDictObject*>(elements_[i + kKeysAhead])->ma_keys);
+              reinterpret_cast<PyDictObject*>(elements_[i + kKeysAhead])
+                  ->ma_keys);
         }
         inner = elements_[i];
         if (Py_TYPE(inner) != inner_type()) {
@@ -1033,7 +1093,8 @@ bool TensorContainerGuard::check_nopybind(PyObject* container) {
   return run<false>(container, nullptr);
 }
 
-GuardDebugInfo TensorContainerGuard::check_verbose_nopybind(PyObject* container) {
+GuardDebugInfo TensorContainerGuard::check_verbose_nopybind(
+    PyObject* container) {
   Mismatch m = find_mismatch(container);
   if (m.field == Field::kNone) {
     return GuardDebugInfo(true);
@@ -1083,7 +1144,8 @@ std::string keys_repr(const std::vector<py::object>& keys) {
 }
 
 std::string dict_keys_repr(PyObject* dict) {
-  // Held: repr() allocates, and a collection could run finalizers that change the dict.
+  // Held: repr() allocates, and a collection could run finalizers that change
+  // the dict.
   std::vector<py::object> keys;
   Py_ssize_t pos = 0;
   PyObject* key = nullptr;
@@ -1114,11 +1176,13 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
         os << "type changed to " << Py_TYPE(m.value)->tp_name;
         break;
       case Field::kContainerLength:
-        os << "length changed " << dict_size_ << " -> " << PyDict_GET_SIZE(m.value);
+        os << "length changed " << dict_size_ << " -> "
+           << PyDict_GET_SIZE(m.value);
         break;
       case Field::kKey:
         os << "key at position " << m.position << " changed "
-           << py_repr(ordered_keys_[m.position].ptr()) << " -> " << py_repr(m.value);
+           << py_repr(ordered_keys_[m.position].ptr()) << " -> "
+           << py_repr(m.value);
         break;
       case Field::kDimMarking:
         os << "type " << reinterpret_cast<PyTypeObject*>(m.value)->tp_name
@@ -1177,7 +1241,9 @@ std::string TensorContainerGuard::describe(const Mismatch& m) {
   return os.str();
 }
 
-std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatch& m) {
+std::string TensorContainerGuard::describe_fields(
+    const Record& r,
+    const Mismatch& m) {
   std::ostringstream os;
   if (m.field == Field::kType) {
     os << "type changed " << _PyType_Name(r.type()) << " -> "
@@ -1189,7 +1255,8 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
     case Field::kDispatchKeys: {
       DispatchState ds;
       os << "dispatch key set changed "
-         << key_set_repr(c10::DispatchKeySet(c10::DispatchKeySet::RAW, r.dispatch_keys))
+         << key_set_repr(
+                c10::DispatchKeySet(c10::DispatchKeySet::RAW, r.dispatch_keys))
          << " -> " << key_set_repr(ds.apply(impl->key_set()));
       break;
     }
@@ -1198,19 +1265,19 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
          << dtype_name(impl->dtype().toScalarType());
       break;
     case Field::kDevice:
-      os << "device index changed " << static_cast<int>(r.device_index) << " -> "
-         << static_cast<int>(impl->device().index());
+      os << "device index changed " << static_cast<int>(r.device_index)
+         << " -> " << static_cast<int>(impl->device().index());
       break;
     case Field::kRequiresGrad:
-      os << "requires_grad changed " << (r.requires_grad ? "True" : "False") << " -> "
-         << (impl->requires_grad() ? "True" : "False");
+      os << "requires_grad changed " << (r.requires_grad ? "True" : "False")
+         << " -> " << (impl->requires_grad() ? "True" : "False");
       break;
     case Field::kRank:
       os << "rank changed " << r.rank << " -> " << impl->dim();
       break;
     case Field::kSize:
-      os << "size[" << m.dim << "] changed " << shape_[r.shape_offset + m.dim] << " -> "
-         << impl->sym_sizes()[m.dim];
+      os << "size[" << m.dim << "] changed " << shape_[r.shape_offset + m.dim]
+         << " -> " << impl->sym_sizes()[m.dim];
       break;
     case Field::kStride:
       os << "stride[" << m.dim << "] changed "
@@ -1218,8 +1285,10 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
          << impl->sym_strides()[m.dim];
       break;
     case Field::kDimMarking: {
-      const char* attr = m.dim >= 0 ? kMarkAttrNames[m.dim] : "dimension marking";
-      bool expected = r.marks >= 0 && m.dim >= 0 && marks_[r.marks].subset_of[m.dim];
+      const char* attr =
+          m.dim >= 0 ? kMarkAttrNames[m.dim] : "dimension marking";
+      bool expected =
+          r.marks >= 0 && m.dim >= 0 && marks_[r.marks].subset_of[m.dim];
       if (expected) {
         os << attr << " is not a subset of "
            << py_repr(marks_[r.marks].subset_of[m.dim].ptr());
@@ -1243,22 +1312,25 @@ std::string TensorContainerGuard::describe_fields(const Record& r, const Mismatc
 // Python objects.
 
 struct GuardObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   TensorContainerGuard* guard;
 };
 
 struct GroupObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   TensorAliasingGroup* group;
 };
 
 // One single tensor's entry in a TensorAliasingGroup: records its identity.
 class TensorAliasingSlot final : public LeafGuardLike {
  public:
-  TensorAliasingSlot(py::object group_object, TensorAliasingGroup* group, int participant)
-      : group_object_(std::move(group_object)), group_(group), participant_(participant) {}
+  TensorAliasingSlot(
+      py::object group_object,
+      TensorAliasingGroup* group,
+      int participant)
+      : group_object_(std::move(group_object)),
+        group_(group),
+        participant_(participant) {}
 
   bool check_nopybind(PyObject* tensor) override {
     record_identity(group_->participant(participant_), 0, tensor);
@@ -1276,26 +1348,32 @@ class TensorAliasingSlot final : public LeafGuardLike {
 };
 
 struct SlotObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   TensorAliasingSlot* slot; // owned
 };
 
-// Static types, zero-initialized here and filled in by ready_type at module init.
+// Static types, zero-initialized here and filled in by ready_type at module
+// init.
 PyTypeObject GuardType{};
 PyTypeObject GroupType{};
 PyTypeObject SlotType{};
 
-PyObject* one_arg(PyObject* const* args, size_t nargsf, PyObject* kwnames, const char* what) {
-  if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
-    PyErr_Format(PyExc_TypeError, "%s takes exactly one positional argument", what);
+PyObject* one_arg(
+    PyObject* const* args,
+    size_t nargsf,
+    PyObject* kwnames,
+    const char* what) {
+  if (PyVectorcall_NARGS(nargsf) != 1 ||
+      (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
+    PyErr_Format(
+        PyExc_TypeError, "%s takes exactly one positional argument", what);
     return nullptr;
   }
   return args[0];
 }
 
-// The Python results of a leaf guard: a bool for a check, True or the reason for
-// explain().
+// The Python results of a leaf guard: a bool for a check, True or the reason
+// for explain().
 PyObject* check_result(bool ok) {
   if (ok) {
     Py_RETURN_TRUE;
@@ -1315,7 +1393,8 @@ PyObject* explain_result(const GuardDebugInfo& info) {
 }
 
 PyObject* string_result(const std::string& s) {
-  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  return PyUnicode_DecodeUTF8(
+      s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
 }
 
 PyObject* guard_vectorcall(
@@ -1328,20 +1407,23 @@ PyObject* guard_vectorcall(
   if (container == nullptr) {
     return nullptr;
   }
-  return check_result(reinterpret_cast<GuardObject*>(self)->guard->check_nopybind(container));
+  return check_result(
+      reinterpret_cast<GuardObject*>(self)->guard->check_nopybind(container));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyObject* guard_explain(PyObject* self, PyObject* container) {
   GUARD_ACCEL_TRY
   return explain_result(
-      reinterpret_cast<GuardObject*>(self)->guard->check_verbose_nopybind(container));
+      reinterpret_cast<GuardObject*>(self)->guard->check_verbose_nopybind(
+          container));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyObject* guard_len(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromSsize_t(
-      static_cast<Py_ssize_t>(reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
+      static_cast<Py_ssize_t>(
+          reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
 }
 
 PyObject* guard_summary(PyObject* self, PyObject* /*unused*/) {
@@ -1374,7 +1456,8 @@ PyObject* guard_summary(PyObject* self, PyObject* /*unused*/) {
     os << ")";
   }
   if (!g->inner_keys_.empty()) {
-    os << ", and the keys in order of the " << g->inner_keys_.size() << " dicts holding them";
+    os << ", and the keys in order of the " << g->inner_keys_.size()
+       << " dicts holding them";
   }
   return string_result(os.str());
   GUARD_ACCEL_CATCH(nullptr)
@@ -1391,7 +1474,10 @@ PyMethodDef guard_methods[] = {
      METH_O,
      "explain(container) -> True, or why the container no longer matches"},
     {"num_tensors", guard_len, METH_NOARGS, "number of tensors checked"},
-    {"summary", guard_summary, METH_NOARGS, "one line saying what the guard checks"},
+    {"summary",
+     guard_summary,
+     METH_NOARGS,
+     "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyObject* group_vectorcall(
@@ -1404,19 +1490,25 @@ PyObject* group_vectorcall(
   // does not read; any arguments are accepted.
   PyObject* value = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : Py_None;
   (void)kwnames;
-  return check_result(reinterpret_cast<GroupObject*>(self)->group->check_nopybind(value));
+  return check_result(
+      reinterpret_cast<GroupObject*>(self)->group->check_nopybind(value));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
-PyObject* group_explain(PyObject* self, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+PyObject* group_explain(
+    PyObject* self,
+    PyObject* const* /*args*/,
+    Py_ssize_t /*nargs*/) {
   GUARD_ACCEL_TRY
   return explain_result(
-      reinterpret_cast<GroupObject*>(self)->group->check_verbose_nopybind(Py_None));
+      reinterpret_cast<GroupObject*>(self)->group->check_verbose_nopybind(
+          Py_None));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyObject* group_num_tensors(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(reinterpret_cast<GroupObject*>(self)->group->num_tensors());
+  return PyLong_FromSize_t(
+      reinterpret_cast<GroupObject*>(self)->group->num_tensors());
 }
 
 PyObject* slot_vectorcall(
@@ -1458,8 +1550,10 @@ void group_dealloc(PyObject* self) {
 
 PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   GUARD_ACCEL_TRY
-  if (PyTuple_GET_SIZE(args) != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
-    PyErr_SetString(PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
+  if (PyTuple_GET_SIZE(args) != 0 ||
+      (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
+    PyErr_SetString(
+        PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
     return nullptr;
   }
   auto group = std::make_unique<TensorAliasingGroup>();
@@ -1482,7 +1576,10 @@ PyMethodDef group_methods[] = {
      group_add_tensor,
      METH_O,
      "add_tensor(name) -> a guard that records one tensor's identity for this group"},
-    {"num_tensors", group_num_tensors, METH_NOARGS, "number of tensors in the group"},
+    {"num_tensors",
+     group_num_tensors,
+     METH_NOARGS,
+     "number of tensors in the group"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyObject* slot_vectorcall(
@@ -1495,7 +1592,8 @@ PyObject* slot_vectorcall(
   if (tensor == nullptr) {
     return nullptr;
   }
-  return check_result(reinterpret_cast<SlotObject*>(self)->slot->check_nopybind(tensor));
+  return check_result(
+      reinterpret_cast<SlotObject*>(self)->slot->check_nopybind(tensor));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
@@ -1580,7 +1678,8 @@ Py_ssize_t index_arg(py::handle v, const char* what) {
   return value;
 }
 
-// A str argument as UTF-8; a Python error (never an abort) if it cannot be encoded.
+// A str argument as UTF-8; a Python error (never an abort) if it cannot be
+// encoded.
 std::string utf8_arg(py::handle v, const char* what) {
   if (!PyUnicode_Check(v.ptr())) {
     throw py::type_error(std::string(what) + " must be a str");
@@ -1645,7 +1744,8 @@ py::object make_tensor_container_guard(
     throw py::type_error("elements must be a list");
   }
   // A copy: the caller's list cannot change while it is read.
-  py::list elements = py::reinterpret_steal<py::list>(PySequence_List(elements_arg.ptr()));
+  py::list elements =
+      py::reinterpret_steal<py::list>(PySequence_List(elements_arg.ptr()));
   if (!elements) {
     throw py::error_already_set();
   }
@@ -1653,10 +1753,12 @@ py::object make_tensor_container_guard(
   if (guard->kind_ == Kind::kDictOrdered) {
     // The check reads the dict's entries directly once its type matched.
     if (!is_dict_type(dict_type)) {
-      throw py::type_error("dict_ordered needs the dict type (dict or a subclass)");
+      throw py::type_error(
+          "dict_ordered needs the dict type (dict or a subclass)");
     }
     guard->dict_type_ = dict_type;
-    if (!PyList_Check(ordered_keys.ptr()) && !PyTuple_Check(ordered_keys.ptr())) {
+    if (!PyList_Check(ordered_keys.ptr()) &&
+        !PyTuple_Check(ordered_keys.ptr())) {
       throw py::type_error("dict_ordered needs ordered_keys, a list or tuple");
     }
     for (py::handle key : ordered_keys) {
@@ -1675,12 +1777,13 @@ py::object make_tensor_container_guard(
   }
   const bool nested = guard->kind_ == Kind::kDictNested;
 
-  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name[, grad])
+  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name[,
+  // grad])
   DispatchState build_state;
   std::vector<std::string> alias_names;
   Py_ssize_t previous_locator = -1;
-  // Fills the tensor metadata of r from e = (.., .., tensor, sizes, strides, marks,
-  // aliasing, name); returns the name.
+  // Fills the tensor metadata of r from e = (.., .., tensor, sizes, strides,
+  // marks, aliasing, name); returns the name.
   auto fill = [&](Record& r, const py::tuple& e) -> std::string {
     PyObject* tensor = e[2].ptr();
     if (!THPVariable_Check(tensor)) {
@@ -1688,19 +1791,25 @@ py::object make_tensor_container_guard(
     }
     const at::Tensor& t = THPVariable_Unpack(tensor);
     if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) {
-      throw py::value_error("element tensor must be a defined, strided, non-nested tensor");
+      throw py::value_error(
+          "element tensor must be a defined, strided, non-nested tensor");
     }
-    r.pytype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
+    r.pytype = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
     r.dispatch_keys = build_state.apply(t.key_set()).raw_repr();
     r.dtype = t.scalar_type();
     r.device_index = t.device().index();
     r.requires_grad = t.requires_grad();
-    std::vector<int64_t> sizes = shape_entries(py::reinterpret_borrow<py::sequence>(tuple_or_list(e[3], "sizes")));
-    std::vector<int64_t> strides = shape_entries(py::reinterpret_borrow<py::sequence>(tuple_or_list(e[4], "strides")));
-    if (sizes.size() != static_cast<size_t>(t.dim()) || strides.size() != sizes.size()) {
+    std::vector<int64_t> sizes = shape_entries(
+        py::reinterpret_borrow<py::sequence>(tuple_or_list(e[3], "sizes")));
+    std::vector<int64_t> strides = shape_entries(
+        py::reinterpret_borrow<py::sequence>(tuple_or_list(e[4], "strides")));
+    if (sizes.size() != static_cast<size_t>(t.dim()) ||
+        strides.size() != sizes.size()) {
       throw py::value_error("sizes/strides do not match the tensor's rank");
     }
-    if (guard->shape_.size() + 2 * sizes.size() > std::numeric_limits<uint32_t>::max()) {
+    if (guard->shape_.size() + 2 * sizes.size() >
+        std::numeric_limits<uint32_t>::max()) {
       throw py::value_error("too many sizes and strides for one guard");
     }
     r.rank = static_cast<int32_t>(sizes.size());
@@ -1711,7 +1820,8 @@ py::object make_tensor_container_guard(
     if (!e[5].is_none()) {
       py::tuple marks = tuple_arg(e[5], "marks");
       if (marks.size() != kNumMarkAttrs) {
-        throw py::value_error("marks must have one entry per dimension-marking attribute");
+        throw py::value_error(
+            "marks must have one entry per dimension-marking attribute");
       }
       MarkExpectation m{};
       for (int a = 0; a < kNumMarkAttrs; a++) {
@@ -1741,7 +1851,8 @@ py::object make_tensor_container_guard(
     }
     if (!known_type) {
       if (type_may_have_mark_attrs(r.type())) {
-        throw py::value_error("tensor type defines dimension-marking attributes");
+        throw py::value_error(
+            "tensor type defines dimension-marking attributes");
       }
       guard->tensor_types_.push_back(r.type());
       guard->type_versions_.push_back(valid_version_tag(r.type()));
@@ -1758,8 +1869,10 @@ py::object make_tensor_container_guard(
       throw py::value_error("element locator is not a position of the dict");
     }
     // kDictNested: several tensors (inner keys) per outer position.
-    if (locator < previous_locator || (!nested && locator == previous_locator)) {
-      throw py::value_error("elements must be sorted by locator, without duplicates");
+    if (locator < previous_locator ||
+        (!nested && locator == previous_locator)) {
+      throw py::value_error(
+          "elements must be sorted by locator, without duplicates");
     }
     if (nested && !PyUnicode_CheckExact(e[1].ptr())) {
       throw py::type_error("dict_nested inner keys must be exact str");
@@ -1790,16 +1903,20 @@ py::object make_tensor_container_guard(
         } else if (spec == "present") {
           grad = kGradMustBePresent;
         } else {
-          throw py::value_error("grad must be None, 'none', 'present' or a record");
+          throw py::value_error(
+              "grad must be None, 'none', 'present' or a record");
         }
       } else {
         py::tuple ge = tuple_arg(e[8], "grad record");
         // An element record of its own, without a grad of its .grad.
         if (ge.size() != 8 && !(ge.size() == 9 && ge[8].is_none())) {
-          throw py::value_error("grad record must be an 8-tuple (or 9 with grad None)");
+          throw py::value_error(
+              "grad record must be an 8-tuple (or 9 with grad None)");
         }
         guard->grad_records_.push_back(Record{});
-        fill(guard->grad_records_.back(), ge); // its name goes to the aliasing group
+        fill(
+            guard->grad_records_.back(),
+            ge); // its name goes to the aliasing group
         grad = static_cast<int32_t>(guard->grad_records_.size()) - 1;
       }
       guard->records_.back().grad = grad;
@@ -1807,12 +1924,14 @@ py::object make_tensor_container_guard(
   }
 
   if (nested && !ordered_keys.is_none()) {
-    // {outer position: the inner dict's keys in order}, for positions with records.
+    // {outer position: the inner dict's keys in order}, for positions with
+    // records.
     if (!PyDict_CheckExact(ordered_keys.ptr())) {
       throw py::type_error("dict_nested ordered_keys must be None or a dict");
     }
     // A copy: reading it runs no code that could change it.
-    auto inner_keys = py::reinterpret_steal<py::dict>(PyDict_Copy(ordered_keys.ptr()));
+    auto inner_keys =
+        py::reinterpret_steal<py::dict>(PyDict_Copy(ordered_keys.ptr()));
     if (!inner_keys) {
       throw py::error_already_set();
     }
@@ -1821,17 +1940,22 @@ py::object make_tensor_container_guard(
     for (auto item : inner_keys) {
       Py_ssize_t position = index_arg(item.first, "dict_nested position");
       size_t first = 0;
-      while (first < guard->records_.size() && guard->records_[first].locator != position) {
+      while (first < guard->records_.size() &&
+             guard->records_[first].locator != position) {
         first++;
       }
       if (first == guard->records_.size()) {
-        throw py::value_error("dict_nested inner keys given for a position without records");
+        throw py::value_error(
+            "dict_nested inner keys given for a position without records");
       }
       if (guard->inner_keys_of_[first] >= 0) {
-        throw py::value_error("dict_nested inner keys given twice for one position");
+        throw py::value_error(
+            "dict_nested inner keys given twice for one position");
       }
-      if (!PyList_Check(item.second.ptr()) && !PyTuple_Check(item.second.ptr())) {
-        throw py::type_error("dict_nested inner keys must be a list or tuple of str");
+      if (!PyList_Check(item.second.ptr()) &&
+          !PyTuple_Check(item.second.ptr())) {
+        throw py::type_error(
+            "dict_nested inner keys must be a list or tuple of str");
       }
       std::vector<py::object> keys;
       for (py::handle key : item.second) {
@@ -1840,16 +1964,20 @@ py::object make_tensor_container_guard(
         }
         keys.push_back(py::reinterpret_borrow<py::object>(key));
       }
-      guard->inner_keys_of_[first] = static_cast<int32_t>(guard->inner_keys_.size());
+      guard->inner_keys_of_[first] =
+          static_cast<int32_t>(guard->inner_keys_.size());
       guard->inner_keys_.push_back(std::move(keys));
       const std::vector<py::object>& listed = guard->inner_keys_.back();
       if (guard->inner_values_.size() < listed.size()) {
         guard->inner_values_.resize(listed.size());
       }
-      for (size_t i = first; i < guard->records_.size() && guard->records_[i].locator == position; i++) {
+      for (size_t i = first;
+           i < guard->records_.size() && guard->records_[i].locator == position;
+           i++) {
         for (size_t k = 0; k < listed.size(); k++) {
           // Both exact str: no Python code runs; -1 only with an error set.
-          int cmp = PyUnicode_Compare(listed[k].ptr(), guard->records_[i].key.ptr());
+          int cmp =
+              PyUnicode_Compare(listed[k].ptr(), guard->records_[i].key.ptr());
           if (cmp == -1 && PyErr_Occurred()) {
             throw py::error_already_set();
           }
@@ -1858,19 +1986,23 @@ py::object make_tensor_container_guard(
           }
         }
         if (guard->inner_key_index_[i] < 0) {
-          throw py::value_error("a recorded inner key is missing from the inner keys");
+          throw py::value_error(
+              "a recorded inner key is missing from the inner keys");
         }
       }
     }
   }
 
   if (!alias_names.empty()) {
-    if (aliasing_group.is_none() || Py_TYPE(aliasing_group.ptr()) != &GroupType) {
-      throw py::type_error("tensors that take part in no-aliasing need a TensorAliasingGroup");
+    if (aliasing_group.is_none() ||
+        Py_TYPE(aliasing_group.ptr()) != &GroupType) {
+      throw py::type_error(
+          "tensors that take part in no-aliasing need a TensorAliasingGroup");
     }
     guard->group_object_ = aliasing_group;
     guard->group_ = reinterpret_cast<GroupObject*>(aliasing_group.ptr())->group;
-    guard->participant_ = guard->group_->add_participant(std::move(alias_names));
+    guard->participant_ =
+        guard->group_->add_participant(std::move(alias_names));
   }
 
   GuardObject* obj = PyObject_New(GuardObject, &GuardType);
@@ -1884,11 +2016,12 @@ py::object make_tensor_container_guard(
 
 // ---------------------------------------------------------------------------
 // ObjectIdentityGuard: `a is b` for many pairs of container items at once, in
-// place of one Python `is` lambda per pair (DUPLICATE_INPUT), e.g. an optimizer's
-// params[i] and the i-th key of its state dict. The containers are fetched from
-// the frame locals at every check (strong references held while comparing), and
-// only items of those live containers are compared: no pointer is kept between
-// checks, so address reuse cannot make two different objects look identical.
+// place of one Python `is` lambda per pair (DUPLICATE_INPUT), e.g. an
+// optimizer's params[i] and the i-th key of its state dict. The containers are
+// fetched from the frame locals at every check (strong references held while
+// comparing), and only items of those live containers are compared: no pointer
+// is kept between checks, so address reuse cannot make two different objects
+// look identical.
 
 struct IdentityStep {
   bool attr; // getattr(obj, name) or obj[key]
@@ -1896,7 +2029,8 @@ struct IdentityStep {
 };
 
 struct IdentityBase {
-  py::object local_name; // L[local_name], or null: start at the guard's argument
+  py::object
+      local_name; // L[local_name], or null: start at the guard's argument
   std::vector<IdentityStep> steps;
   bool keys; // items are dict keys by position (list(dict.keys(d))[i])
 };
@@ -1921,10 +2055,12 @@ class ObjectIdentityGuard final : public LeafGuardLike {
     }
     if (p == -2) {
       return GuardDebugInfo(
-          false, "object identity check: a container could not be fetched or changed type");
+          false,
+          "object identity check: a container could not be fetched or changed type");
     }
     return GuardDebugInfo(
-        false, descriptions_[p] + " failed: the objects are no longer identical");
+        false,
+        descriptions_[p] + " failed: the objects are no longer identical");
   }
 
   // -1: all pairs identical; -2: a container could not be fetched or has the
@@ -1934,8 +2070,10 @@ class ObjectIdentityGuard final : public LeafGuardLike {
     for (size_t i = 0; i < bases_.size(); i++) {
       const IdentityBase& b = bases_[i];
       py::object obj = b.local_name
-          ? py::reinterpret_steal<py::object>(PyObject_GetItem(locals, b.local_name.ptr()))
-          : py::reinterpret_borrow<py::object>(locals); // the steps start at the argument
+          ? py::reinterpret_steal<py::object>(
+                PyObject_GetItem(locals, b.local_name.ptr()))
+          : py::reinterpret_borrow<py::object>(
+                locals); // the steps start at the argument
       for (const IdentityStep& s : b.steps) {
         if (!obj) {
           break;
@@ -1969,11 +2107,13 @@ class ObjectIdentityGuard final : public LeafGuardLike {
       } else if (PyList_CheckExact(obj)) {
         items.assign(
             reinterpret_cast<PyListObject*>(obj)->ob_item,
-            reinterpret_cast<PyListObject*>(obj)->ob_item + PyList_GET_SIZE(obj));
+            reinterpret_cast<PyListObject*>(obj)->ob_item +
+                PyList_GET_SIZE(obj));
       } else if (PyTuple_CheckExact(obj)) {
         items.assign(
             reinterpret_cast<PyTupleObject*>(obj)->ob_item,
-            reinterpret_cast<PyTupleObject*>(obj)->ob_item + PyTuple_GET_SIZE(obj));
+            reinterpret_cast<PyTupleObject*>(obj)->ob_item +
+                PyTuple_GET_SIZE(obj));
       } else {
         return -2;
       }
@@ -1998,8 +2138,7 @@ class ObjectIdentityGuard final : public LeafGuardLike {
 };
 
 struct IdentityObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   ObjectIdentityGuard* guard;
 };
 
@@ -2015,14 +2154,16 @@ PyObject* identity_vectorcall(
   if (locals == nullptr) {
     return nullptr;
   }
-  return check_result(reinterpret_cast<IdentityObject*>(self)->guard->check_nopybind(locals));
+  return check_result(
+      reinterpret_cast<IdentityObject*>(self)->guard->check_nopybind(locals));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
 PyObject* identity_explain(PyObject* self, PyObject* locals) {
   GUARD_ACCEL_TRY
   return explain_result(
-      reinterpret_cast<IdentityObject*>(self)->guard->check_verbose_nopybind(locals));
+      reinterpret_cast<IdentityObject*>(self)->guard->check_verbose_nopybind(
+          locals));
   GUARD_ACCEL_CATCH(nullptr)
 }
 
@@ -2030,7 +2171,8 @@ PyObject* identity_summary(PyObject* self, PyObject* /*unused*/) {
   GUARD_ACCEL_TRY
   ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
   std::ostringstream os;
-  os << g->pairs_.size() << " same-object check" << (g->pairs_.size() == 1 ? "" : "s")
+  os << g->pairs_.size() << " same-object check"
+     << (g->pairs_.size() == 1 ? "" : "s")
      << " in one native ObjectIdentityGuard";
   if (!g->descriptions_.empty()) {
     os << " (e.g. " << g->descriptions_[0] << ")";
@@ -2040,7 +2182,8 @@ PyObject* identity_summary(PyObject* self, PyObject* /*unused*/) {
 }
 
 PyObject* identity_len(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
+  return PyLong_FromSize_t(
+      reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
 }
 
 void identity_dealloc(PyObject* self) {
@@ -2053,27 +2196,39 @@ PyMethodDef identity_methods[] = {
      identity_explain,
      METH_O,
      "explain(frame_locals) -> True, or the first pair that is no longer identical"},
-    {"num_pairs", identity_len, METH_NOARGS, "number of identity pairs checked"},
-    {"summary", identity_summary, METH_NOARGS, "one line saying what the guard checks"},
+    {"num_pairs",
+     identity_len,
+     METH_NOARGS,
+     "number of identity pairs checked"},
+    {"summary",
+     identity_summary,
+     METH_NOARGS,
+     "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
 // bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
 // [(base_a, index_a, base_b, index_b, description)].
-py::object make_object_identity_guard(const py::handle& bases_arg, const py::handle& pairs_arg) {
+py::object make_object_identity_guard(
+    const py::handle& bases_arg,
+    const py::handle& pairs_arg) {
   if (!PyList_Check(bases_arg.ptr()) || !PyList_Check(pairs_arg.ptr())) {
     throw py::type_error("bases and pairs must be lists");
   }
   // Copies: the caller's lists cannot change while they are read.
-  auto bases = py::reinterpret_steal<py::list>(PySequence_List(bases_arg.ptr()));
-  auto pairs = py::reinterpret_steal<py::list>(PySequence_List(pairs_arg.ptr()));
+  auto bases =
+      py::reinterpret_steal<py::list>(PySequence_List(bases_arg.ptr()));
+  auto pairs =
+      py::reinterpret_steal<py::list>(PySequence_List(pairs_arg.ptr()));
   if (!bases || !pairs) {
     throw py::error_already_set();
   }
   auto guard = std::make_unique<ObjectIdentityGuard>();
   for (py::handle item : bases) {
     py::tuple b = tuple_arg(item, "base");
-    if (b.size() != 3 || !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
-      throw py::value_error("base must be (local_name: str | None, steps, keys: bool)");
+    if (b.size() != 3 ||
+        !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
+      throw py::value_error(
+          "base must be (local_name: str | None, steps, keys: bool)");
     }
     IdentityBase base{py::object(), {}, bool_arg(b[2], "base keys")};
     if (!b[0].is_none()) {
@@ -2087,10 +2242,13 @@ py::object make_object_identity_guard(const py::handle& bases_arg, const py::han
       bool attr = bool_arg(step[0], "step is_attr");
       PyObject* k = step[1].ptr();
       // Constant keys only: their hashing and comparison run no user code.
-      if (attr ? !PyUnicode_CheckExact(k) : !(PyUnicode_CheckExact(k) || PyLong_CheckExact(k))) {
-        throw py::type_error("steps take exact str attribute names and str/int keys");
+      if (attr ? !PyUnicode_CheckExact(k)
+               : !(PyUnicode_CheckExact(k) || PyLong_CheckExact(k))) {
+        throw py::type_error(
+            "steps take exact str attribute names and str/int keys");
       }
-      base.steps.push_back(IdentityStep{attr, py::reinterpret_borrow<py::object>(step[1])});
+      base.steps.push_back(
+          IdentityStep{attr, py::reinterpret_borrow<py::object>(step[1])});
     }
     guard->bases_.push_back(std::move(base));
   }
@@ -2098,7 +2256,8 @@ py::object make_object_identity_guard(const py::handle& bases_arg, const py::han
   for (py::handle item : pairs) {
     py::tuple p = tuple_arg(item, "pair");
     if (p.size() != 5) {
-      throw py::value_error("pair must be (base_a, index_a, base_b, index_b, description)");
+      throw py::value_error(
+          "pair must be (base_a, index_a, base_b, index_b, description)");
     }
     Py_ssize_t base_a = index_arg(p[0], "pair base_a");
     Py_ssize_t base_b = index_arg(p[2], "pair base_b");
@@ -2106,8 +2265,10 @@ py::object make_object_identity_guard(const py::handle& bases_arg, const py::han
       throw py::value_error("pair refers to an unknown base");
     }
     IdentityPair pair{
-        static_cast<int32_t>(base_a), static_cast<int32_t>(base_b),
-        index_arg(p[1], "pair index_a"), index_arg(p[3], "pair index_b")};
+        static_cast<int32_t>(base_a),
+        static_cast<int32_t>(base_b),
+        index_arg(p[1], "pair index_a"),
+        index_arg(p[3], "pair index_b")};
     guard->pairs_.push_back(pair);
     guard->descriptions_.push_back(utf8_arg(p[4], "pair description"));
   }
@@ -2127,10 +2288,13 @@ void init_tensor_container_guard(py::module_& m) {
     g_mark_attr_names[a] = intern(kMarkAttrNames[a]);
   }
   g_issubset_name = intern("issubset");
-  g_mode_flag_name = intern("_is_in_any_mode_without_ignore_compile_internals");
   py::module_ dispatch = py::module_::import("torch.utils._python_dispatch");
   // Never released, like the interned names.
-  g_python_dispatch_dict = py::object(dispatch.attr("__dict__")).release().ptr();
+  g_mode_flag_getter =
+      py::object(
+          dispatch.attr("is_in_any_mode_without_ignore_compile_internals"))
+          .release()
+          .ptr();
 
   ready_type(
       GuardType,
@@ -2169,7 +2333,8 @@ void init_tensor_container_guard(py::module_& m) {
       identity_methods,
       "ObjectIdentityGuard(frame_locals) -> bool: `a is b` for every recorded pair "
       "of container items");
-  m.attr("ObjectIdentityGuard") = py::handle(reinterpret_cast<PyObject*>(&IdentityType));
+  m.attr("ObjectIdentityGuard") =
+      py::handle(reinterpret_cast<PyObject*>(&IdentityType));
   m.def(
       "make_object_identity_guard",
       &make_object_identity_guard,
@@ -2179,11 +2344,17 @@ void init_tensor_container_guard(py::module_& m) {
       "(is_attr, name_or_key) from the frame locals to a list/tuple (keys False) or "
       "dict whose keys are indexed by position (keys True); pairs: (base_a, index_a, "
       "base_b, index_b, description).");
-  m.attr("TensorContainerGuard") = py::handle(reinterpret_cast<PyObject*>(&GuardType));
-  m.attr("TensorAliasingGroup") = py::handle(reinterpret_cast<PyObject*>(&GroupType));
-  m.attr("TensorAliasingSlot") = py::handle(reinterpret_cast<PyObject*>(&SlotType));
+  m.attr("TensorContainerGuard") =
+      py::handle(reinterpret_cast<PyObject*>(&GuardType));
+  m.attr("TensorAliasingGroup") =
+      py::handle(reinterpret_cast<PyObject*>(&GroupType));
+  m.attr("TensorAliasingSlot") =
+      py::handle(reinterpret_cast<PyObject*>(&SlotType));
   m.attr("MARK_ATTRS") = py::make_tuple(
-      kMarkAttrNames[0], kMarkAttrNames[1], kMarkAttrNames[2], kMarkAttrNames[3],
+      kMarkAttrNames[0],
+      kMarkAttrNames[1],
+      kMarkAttrNames[2],
+      kMarkAttrNames[3],
       kMarkAttrNames[4]);
   m.def(
       "make_tensor_container_guard",

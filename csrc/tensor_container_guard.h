@@ -1,4 +1,5 @@
-// TensorContainerGuard: one native leaf guard for a list, tuple or dict of tensors.
+// TensorContainerGuard: one native leaf guard for a list, tuple or dict of
+// tensors.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -41,14 +41,14 @@ import statistics
 import sys
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch._dynamo
 import torch._dynamo.config as dynamo_config
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
 from bench_skip_guard import PlainSGD  # the same optimizer-like class as that benchmark
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 
 def f_list(xs):

@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import sys
 
-
 PATTERNS = {
     "no_hook": "def fn(x):\n    y = x * 2\n    return (y.sin() * 3).sum()\n",
     "intermediate_used": (

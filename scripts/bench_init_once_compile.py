@@ -2,11 +2,15 @@
 """First compile of bench_skip_guard.py case (b) (OnceSGD): stock guards / patch 0008 only
 (tensor_container_nested_guards=False) / 0008+0012, alternated in one process, medians.
 Usage: .venv/bin/python scripts/bench_init_once_compile.py [N=1000] [REPS=5]"""
-import os, sys, statistics
+import os
+import statistics
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch._dynamo
-from torch._dynamo.utils import compilation_time_metrics
 import bench_skip_guard as b
+import torch
+import torch._dynamo
+from torch._dynamo.utils import compilation_time_metrics
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 REPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -27,4 +31,8 @@ for rep in range(REPS):
             assert r["frames"] == 1, r
 print(f"case (b) N={N}, {REPS} reps alternated, medians")
 for name, d in res.items():
-    print(f"  {name:24s} first compile {statistics.median(d['first']):.3f} s  build_guards {statistics.median(d['build']):.3f} s  steady step {statistics.median(d['steady'])*1e3:.3f} ms")
+    print(
+        f"  {name:24s} first compile {statistics.median(d['first']):.3f} s  "
+        f"build_guards {statistics.median(d['build']):.3f} s  "
+        f"steady step {statistics.median(d['steady']) * 1e3:.3f} ms"
+    )

@@ -17,6 +17,7 @@ Subcommands:
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
   rebase-check    per patch and hunk, does the series apply to another release (--to)
   stack-test      each prefix of the series passes the tests its last patch ships
+  stats           per patch: upstream lines +/-, overlay and native lines, test cases
   lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
 
 Each step prints a line when it starts and its time when it ends; -v shows the commands
@@ -41,25 +42,43 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dplib import devtree as devtree_mod  # noqa: E402
-from dplib import common  # noqa: E402
-from dplib.base import (BaseSpec, base_variants, default_variant, fetch_base_wheel,  # noqa: E402
-                        installed_torch_version, load_base, pristine_sources, variant_of_wheel)
-from dplib.common import (DynapatchError, Project, die, git, log, pip_quiet, python_exe, run,  # noqa: E402
-                          sha256_file, step)
-from dplib.ext import build_extension, check_toolchain  # noqa: E402
-from dplib import export as export_mod  # noqa: E402
-from dplib import rebase as rebase_mod  # noqa: E402
-from dplib import lint as lint_mod  # noqa: E402
-from dplib import stacktest as stacktest_mod  # noqa: E402
-from dplib import testsel as testsel_mod  # noqa: E402
-from dplib import upstream_tests as upstream_mod  # noqa: E402
-from dplib.targets import (apply_recorded, apply_state, check_overrides, fetch_release_wheel,  # noqa: E402
-                           override_versions, record_dir, release_sources, supported_versions,
-                           unapply_recorded, with_overrides)
-from dplib.series import check_override_names, load_series, patched_sources, series_digest  # noqa: E402
-from dplib.wheel import (RECORD_MODULE, describe_record, patched_wheel_name, record_module, repack,  # noqa: E402
-                         stamp_version_py)
+from dplib import (
+    common,
+    devtree as devtree_mod,
+    export as export_mod,
+    lint as lint_mod,
+    rebase as rebase_mod,
+    stacktest as stacktest_mod,
+    stats as stats_mod,
+    testsel as testsel_mod,
+    upstream_tests as upstream_mod,
+)
+from dplib.base import (
+    base_variants,
+    BaseSpec,
+    default_variant,
+    fetch_base_wheel,
+    installed_torch_version,
+    load_base,
+    pristine_sources,
+    variant_of_wheel,
+)
+from dplib.common import die, DynapatchError, git, log, pip_quiet, Project, python_exe, run, sha256_file, step
+from dplib.ext import build_extension, check_toolchain
+from dplib.series import check_override_names, load_series, patched_sources, series_digest
+from dplib.targets import (
+    apply_recorded,
+    apply_state,
+    check_overrides,
+    fetch_release_wheel,
+    override_versions,
+    record_dir,
+    release_sources,
+    supported_versions,
+    unapply_recorded,
+    with_overrides,
+)
+from dplib.wheel import describe_record, patched_wheel_name, RECORD_MODULE, record_module, repack, stamp_version_py
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
 BUILD_INPUTS = ("patches", "torch_overlay", "csrc", "setup.py", "CMakeLists.txt",
@@ -380,8 +399,25 @@ def cmd_export_prs(project: Project, args: argparse.Namespace) -> int:
     else:
         raise DynapatchError(f"the series targets torch {' or '.join(supported_versions(project))}, "
                              f"not {args.base_ref}")
-    export_mod.export_prs(project, patches, tree, args.outdir.resolve(), args.base_ref,
-                          allow_offsets=version != spec.public_version)
+    mboxes = export_mod.export_prs(project, patches, tree, args.outdir.resolve(), args.base_ref,
+                                   allow_offsets=version != spec.public_version)
+    if not args.verify:
+        return 0
+    if version != spec.public_version:
+        raise DynapatchError(f"--verify runs the PRs' tests on the base wheel (v{spec.public_version}), "
+                             f"not on {args.base_ref}")
+    wheel = fetch_base_wheel(project, spec, args.base_wheel)
+    results = export_mod.verify_prs(project, spec, wheel, tree, patches, mboxes,
+                                    select_prefixes(patches, args.patch), args.timeout)
+    print("\n" + stacktest_mod.format_table(results, len(patches)) + "\n", flush=True)
+    failing = [r for r in results if not r.ok]
+    if failing:
+        first = failing[0]
+        raise DynapatchError(f"{len(failing)} of {len(results)} PRs fail their own tests when applied with "
+                             f"git am; the first is {first.index + 1}/{len(patches)} {first.patch.name} "
+                             f"({first.patch.patch_name}): {first.error or 'tests fail'}")
+    log(f"export-prs --verify ok: {len(results)} PRs, applied with git am onto the base's sources, pass "
+        f"their own tests")
     return 0
 
 
@@ -474,9 +510,16 @@ def cmd_stack_test(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(project: Project, args: argparse.Namespace) -> int:
+    """Exit 0 after printing the per-patch table; 1 if the series is invalid."""
+    patches = load_series(project)
+    print(stats_mod.format_table(stats_mod.patch_stats(project, patches)), flush=True)
+    return 0
+
+
 def cmd_lint(project: Project, args: argparse.Namespace) -> int:
-    """Exit 0 if ruff finds nothing (and, with --strict-native, csrc/ is clang-formatted); 1 otherwise."""
-    lint_mod.lint(project, args.strict_native)
+    """Exit 0 if ruff finds nothing and csrc/ is clang-formatted; 1 otherwise."""
+    lint_mod.lint(project)
     return 0
 
 
@@ -562,11 +605,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("outdir", type=Path, metavar="OUTDIR")
     p.add_argument("--base-ref", default=None, help="the pytorch tag the stack applies to (default: v<BASE version>)")
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p.add_argument("--verify", action="store_true",
+                   help="then git am the mboxes onto a repo of the base's sources and, after each PR, run the "
+                        "tests it carries from that tree (slow: about 35 minutes for all on 2 loaded cores)")
+    p.add_argument("--patch", action="append", metavar="NAME",
+                   help="with --verify: only the PR of this patch (Patch-Name, file name or number; repeatable)")
+    p.add_argument("--timeout", type=float, default=3600, help="with --verify: seconds per PR (default 3600)")
     p = sub.add_parser("upstream-tests", help="Dynamo's own tests: stock base wheel vs the custom wheel")
     p.set_defaults(func=cmd_upstream_tests)
     p.add_argument("--pytorch-src", type=Path, required=True, help="a pytorch checkout at the base's tag")
-    p.add_argument("--files", nargs="+", help="test/dynamo/ files to run (default: %s)"
-                   % " ".join(upstream_mod.DEFAULT_FILES))
+    p.add_argument("--files", nargs="+",
+                   help=f"test/dynamo/ files to run (default: {' '.join(upstream_mod.DEFAULT_FILES)})")
     p.add_argument("--patched-venv", type=Path, help="a venv with the custom wheel (default: .venv, built if stale)")
     p.add_argument("--junit-dir", type=Path, help="where the junit xml goes (default: build/upstream-tests)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per test file and env (default 3600)")
@@ -582,9 +631,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", action="store_true", help="only the whole series (what CI runs)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per prefix (default 3600)")
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
+    p = sub.add_parser("stats", help="per patch: upstream lines +/-, overlay and native lines, upstream test "
+                       "edits, test cases shipped")
+    p.set_defaults(func=cmd_stats)
     p = sub.add_parser("lint", help="ruff (ruff.toml) and a clang-format check of csrc/ (.clang-format)")
     p.set_defaults(func=cmd_lint)
-    p.add_argument("--strict-native", action="store_true", help="fail when csrc/ differs from .clang-format")
     # A subcommand's --help starts with what it does: its one-line help where it has no description.
     for choice in sub._choices_actions:
         if sub.choices[choice.dest].description is None:

@@ -27,19 +27,21 @@ import tempfile
 import time
 import warnings
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "dynamo"))
 warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
 import differential_fuzz as fuzz  # noqa: E402
+
+import torch  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--count", type=int, default=50, help="programs to run (spread over the families)")
-    p.add_argument("--families", default=",".join(fuzz.FAMILIES), help="comma-separated subset of " + ",".join(fuzz.FAMILIES))
+    p.add_argument(
+        "--families", default=",".join(fuzz.FAMILIES), help="comma-separated subset of " + ",".join(fuzz.FAMILIES)
+    )
     p.add_argument(
         "--backend",
         default="mix",

@@ -19,10 +19,11 @@ import warnings
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "test", "dynamo"))
 warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
-import torch._dynamo  # noqa: E402
 import test_hook_residuals as t  # noqa: E402
 import test_module_hook_residuals as mt  # noqa: E402
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
 
 
 def cell(case, mode):
@@ -30,7 +31,7 @@ def cell(case, mode):
     expected = t.run_protocol(fn, remove_first)
     try:
         seen, frames, breaks, fallbacks = t.run_compiled(fn, mode, remove_first)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"crash {type(e).__name__}"
     try:
         for got, want in zip(seen, expected, strict=True):
@@ -38,7 +39,7 @@ def cell(case, mode):
                 assert got.pop(key) == want.pop(key)
             torch.testing.assert_close(got, want)
         ok = "ok"
-    except Exception:  # noqa: BLE001
+    except Exception:
         ok = "WRONG"
     return f"{frames}/{breaks}/{fallbacks} {ok}"
 
@@ -49,7 +50,7 @@ def module_cell(case, mode):
     torch._dynamo.utils.counters.clear()
     try:
         seen, frames, breaks = mt.run_compiled(fn, mode, remove_after)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"crash {type(e).__name__}"
     fallbacks = sum(torch._dynamo.utils.counters["unimplemented"].values())
     try:
@@ -58,7 +59,7 @@ def module_cell(case, mode):
                 torch.testing.assert_close(got.pop(key), want.pop(key))
             assert got == want
         ok = "ok"
-    except Exception:  # noqa: BLE001
+    except Exception:
         ok = "WRONG"
     return f"{frames}/{breaks}/{fallbacks} {ok}"
 
@@ -67,12 +68,12 @@ def removal_cell(kind, mode):
     expected = t.run_removal_protocol(kind, t.remove_then(kind))
     try:
         seen, frames, breaks, fallbacks = t.run_removal_compiled(kind, mode)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return f"crash {type(e).__name__}"
     try:
         torch.testing.assert_close(seen, expected)
         ok = "ok"
-    except Exception:  # noqa: BLE001
+    except Exception:
         ok = "WRONG"
     return f"{frames}/{sum(breaks.values())}/{fallbacks} {ok}"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from .common import DynapatchError, Project, log, pip_quiet, run, sha256_file
+from .common import DynapatchError, log, pip_quiet, Project, run, sha256_file
 
 # Text files of the torch package that patches may touch and devtree tracks.
 SOURCE_SUFFIXES = (".py", ".pyi", ".json")

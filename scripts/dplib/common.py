@@ -58,7 +58,7 @@ class Project:
     cache: Path
 
     @classmethod
-    def at(cls, root: Path, cache: Path | None = None) -> "Project":
+    def at(cls, root: Path, cache: Path | None = None) -> Project:
         root = root.resolve()
         return cls(root, (cache or root / "build" / "cache").resolve())
 

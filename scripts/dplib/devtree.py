@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from .base import BaseSpec
-from .common import DynapatchError, Project, git, log
-from .series import PATCH_NAME_MAX, TRAILER_RE, Patch, load_series, read_series_names
+from .common import DynapatchError, git, log, Project
+from .series import load_series, Patch, PATCH_NAME_MAX, read_series_names, TRAILER_RE
 
 BASE_TAG = "dynapatch-base"
 ZERO_FROM = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001"

@@ -17,10 +17,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .common import DynapatchError, Project, git, log
+from .common import DynapatchError, git, log, Project
 from .devtree import FIXED_ENV
-from .series import Patch, apply_patch
-from .testsel import node_ids, pr_extra, shared_files, test_files
+from .series import apply_patch, Patch, series_digest
+from .testsel import node_ids, pr_extra, pr_extra_files, shared_files, test_files
 
 # Trailers that only mean something to dynapatch; the rest (Signed-off-by, ...) are kept.
 INTERNAL_TRAILERS = ("Patch-Name", "Upstream-Status", "Bug", "Tests", "Overlay-File", "Native-File")
@@ -42,6 +42,11 @@ changes, mechanically:
   raw PyObject* with manual reference counts;
 - a failing check returns GuardDebugInfo(false, reasons, ...) with its reason strings
   instead of recording the reason for the Python side;
+- DispatchState (LocalState::apply re-done with c10's exported TLS getter and
+  the public Python getter of the dispatch-mode flag, because LocalState's
+  constructor calls get_is_in_mode_without_ignore_compile_internals(), which
+  libtorch_python does not export) becomes a LocalState, which also reads the
+  flag per thread instead of process-wide;
 - the module's bindings move from PYBIND11_MODULE into initDynamoBindings
   (torch._C._dynamo), and guard_accel.py imports them from there."""
 
@@ -119,7 +124,6 @@ def pr_message(project: Project, patches: list[Patch], index: int, needs: list[t
                                        sources=", ".join(Path(s).name for s in sources), build_list=BUILD_LIST))
     extra = pr_extra(project, patch)
     if extra is not None:
-        from .testsel import pr_extra_files
         parts.append("Upstream tests whose expected results this patch changes (updated here): "
                      + ", ".join(pr_extra_files(extra)) + ".")
     plan = []
@@ -198,3 +202,77 @@ def export_prs(project: Project, patches: list[Patch], base_tree: Path, outdir: 
         log(f"wrote {path.name}")
     log(f"exported {len(written)} PRs to {outdir} (apply with: git am {outdir}/*.patch, on a checkout at {base_ref})")
     return written
+
+
+def _am_excludes(project: Project) -> list[str]:
+    """Files of pytorch's tree the wheel lacks (upstream tests a pr-extra diff edits, the build list):
+    a tree of the wheel's sources cannot take their hunks, so git am leaves them out."""
+    paths = {BUILD_LIST}
+    for extra in sorted((project.root / "patches" / "pr-extra").glob("*.diff")):
+        paths.update(pr_extra_files(extra))
+    return [f"--exclude={p}" for p in sorted(paths)]
+
+
+def verify_prs(project: Project, spec, wheel: Path, pristine: Path, patches: list[Patch], mboxes: list[Path],
+               indices: list[int], timeout: float) -> list:
+    """Apply the mboxes with git am onto a git repository of the base's sources, and after PR k
+    (for k in `indices`) run the tests PR k carries from that tree, with its Python files installed
+    into a scratch venv as stack-test installs a prefix, and the C++ extension built from the tree's
+    torch/csrc/dynamo once a PR of the prefix carries native code. Returns stacktest.PrefixResult's.
+    """
+    from . import stacktest
+
+    work = project.build / "export-verify"
+    repo = work / "pytorch"
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    shutil.copytree(pristine / "torch", repo / "torch")
+    git(["init", "-q"], repo)
+    git(["add", "-A"], repo)
+    git(["commit", "-q", "-m", "base: the base wheel's sources"], repo, env=FIXED_ENV)
+    base = git(["rev-parse", "HEAD"], repo).strip()
+    excludes = _am_excludes(project)
+    venv = stacktest.scratch_venv(project, wheel, spec, "export-verify")
+    installer = stacktest.Installer(project, spec, wheel, pristine, venv)
+    tests = shared_files(project, patches)
+    results = []
+    try:
+        for index, (patch, mbox) in enumerate(zip(patches[: max(indices) + 1], mboxes)):
+            try:
+                git(["am", "-q", *excludes, str(mbox)], repo, env=FIXED_ENV)
+                failed = ""
+            except DynapatchError as e:
+                failed = str(e).strip().splitlines()[-1]
+            if index not in indices and not failed:
+                continue
+            ids = [i for rel in test_files(patch) for i in node_ids(tests[rel], index)]
+            result = stacktest.PrefixResult(index, patch, ids)
+            results.append(result)
+            if failed:
+                result.error = f"git am {mbox.name} failed: {failed}"
+                break
+            if not ids:
+                result.error = "ships no tests (no Tests: trailer)"
+                continue
+            changed = git(["diff", "--name-status", "--no-renames", base, "HEAD", "--", "torch"], repo).splitlines()
+            files = {}
+            for line in changed:
+                status, rel = line.split("\t", 1)
+                if status == "D":
+                    raise DynapatchError(f"PR {mbox.name} deletes {rel}: the installer only adds and replaces")
+                if not rel.startswith(NATIVE_PR_DIR + "/"):
+                    files[rel] = (repo / rel).read_bytes()
+            result.native = any(p.native_files for p in patches[: index + 1])
+            ext = (stacktest.extension(project, spec, wheel, repo / NATIVE_PR_DIR, work)
+                   if result.native else None)
+            installer.install_files(files, series_digest(project, patches[: index + 1]), ext)
+            missing = [rel for rel in test_files(patch) if not (repo / rel).is_file()]
+            if missing:
+                result.error = f"the PR lacks its test files: {', '.join(missing)}"
+                continue
+            stacktest.run_tests(project, venv, repo, ids, work / f"junit-{index + 1:04d}.xml",
+                                f"export-prs --verify {index + 1}/{len(patches)} {patch.patch_name}", timeout,
+                                result, safe_path=True)
+    finally:
+        installer._restore()
+    return results

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import common
 from .base import BaseSpec
-from .common import DynapatchError, Project, debug, pip_quiet, python_exe, run
+from .common import debug, DynapatchError, pip_quiet, Project, python_exe, run
 
 EXTENSION_DIR = "torch/_dynamo"
 EXTENSION_NAME = "_guard_accel"
@@ -84,11 +84,14 @@ def check_toolchain(project: Project) -> Path:
     return tool_env(project)
 
 
-def _build_dir(project: Project, spec: BaseSpec) -> Path:
+def _build_dir(project: Project, spec: BaseSpec, sources: Path | None = None) -> Path:
     """CMake's build tree, kept between builds so ninja recompiles only what changed; one per
-    base wheel and compiler (CMake fixes the compiler when it first configures a tree)."""
-    key = hashlib.sha256(f"{spec.sha256}\0{find_cxx()}\0{os.environ.get('CXXFLAGS', '')}".encode()).hexdigest()
-    return project.build / "ext" / f"temp-{key[:16]}"
+    base wheel, compiler and source directory (CMake fixes the compiler when it first
+    configures a tree)."""
+    key = f"{spec.sha256}\0{find_cxx()}\0{os.environ.get('CXXFLAGS', '')}"
+    if sources is not None:
+        key += f"\0{sources}"
+    return project.build / "ext" / f"temp-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def first_error(output: str) -> str:
@@ -105,20 +108,25 @@ def first_error(output: str) -> str:
     return lines[-1].strip() if lines else "(no output)"
 
 
-def build_extension(project: Project, spec: BaseSpec, wheel: Path, env_dir: Path | None = None) -> tuple[str, bytes]:
+def build_extension(project: Project, spec: BaseSpec, wheel: Path, env_dir: Path | None = None, *,
+                    sources: Path | None = None, out: Path | None = None) -> tuple[str, bytes]:
     """Configure and build the extension with CMake + Ninja through setup.py.
 
-    Returns the wheel path of the built module and its bytes. On failure the error names the
-    compiler's first error line; the whole output is in build/ext-build.log.
+    `sources` is the directory holding the native files (default: the project's csrc/; export-prs
+    --verify passes an am'd pytorch tree's torch/csrc/dynamo); `out` where the module is linked
+    (default: build/ext). Returns the wheel path of the built module and its bytes. On failure the
+    error names the compiler's first error line; the whole output is in build/ext-build.log.
     """
     env_dir = env_dir or check_toolchain(project)
     torch_root = torch_dev_tree(project, spec, wheel)
-    out = project.build / "ext"
+    out = out or project.build / "ext"
     shutil.rmtree(out / "lib", ignore_errors=True)  # the module is always relinked into an empty dir
     cmd = [python_exe(env_dir), "setup.py", "--quiet", "build_ext",
-           "--build-temp", _build_dir(project, spec), "--build-lib", out / "lib"]
+           "--build-temp", _build_dir(project, spec, sources), "--build-lib", out / "lib"]
     env = {**os.environ, "DYNAPATCH_TORCH_ROOT": str(torch_root),
            "PATH": f"{env_dir / 'bin'}:{os.environ.get('PATH', '')}"}
+    if sources is not None:
+        env["DYNAPATCH_GUARD_ACCEL_SOURCES"] = str(sources.resolve())
     debug("$ " + " ".join(map(str, cmd)))
     proc = subprocess.run([str(c) for c in cmd], cwd=project.root, env=env, text=True,
                           stdout=None if common.VERBOSE else subprocess.PIPE,

@@ -133,7 +133,7 @@ def check_series(patches: list[Patch], overridden: set[str], target: Path, overl
         if result.notes and result.status in (CLEAN, OFFSETS):
             result.status = CONFLICT
         if result.status in (CONFLICT, BLOCKED):
-            broken.update({f: patch.name for f in patch.files})
+            broken.update(dict.fromkeys(patch.files, patch.name))
         for rel in patch.overlay_files:
             overlay_files.setdefault(rel, patch.name)
         results.append(result)

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import DynapatchError, Project, log
+from .common import DynapatchError, log, Project
 
 SERIES_INVALID = 1
 DOES_NOT_APPLY = 2

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import BaseSpec
-from .common import DynapatchError, Project, log, python_exe, run
-from .ext import EXTENSION_DIR, EXTENSION_NAME, build_extension
+from .common import DynapatchError, log, Project, python_exe, run
+from .ext import build_extension, EXTENSION_DIR, EXTENSION_NAME
 from .series import Patch, patched_sources, series_digest
 from .testsel import node_ids, shared_files, test_files
-from .upstream_tests import FAILED, PASSED, SKIPPED, parse_junit, stock_venv
+from .upstream_tests import FAILED, parse_junit, PASSED, SKIPPED, stock_venv
 from .wheel import stamp_version_py
 
 NATIVE_INPUTS = ("csrc", "setup.py", "CMakeLists.txt", "requirements-build.txt")
@@ -63,10 +63,10 @@ def _site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def scratch_venv(project: Project, base_wheel: Path, spec: BaseSpec) -> Path:
-    """build/stack-test/venv: a hard-linked copy of the stock env (base wheel + requirements-test.txt)."""
+def scratch_venv(project: Project, base_wheel: Path, spec: BaseSpec, name: str = "stack-test") -> Path:
+    """build/<name>/venv: a hard-linked copy of the stock env (base wheel + requirements-test.txt)."""
     stock = stock_venv(project, base_wheel, spec.sha256)
-    venv = project.build / "stack-test" / "venv"
+    venv = project.build / name / "venv"
     marker = venv / "dynapatch-stack-test.source"
     if marker.is_file() and marker.read_text().strip() == str(stock):
         return venv
@@ -81,23 +81,30 @@ def scratch_venv(project: Project, base_wheel: Path, spec: BaseSpec) -> Path:
     return venv
 
 
-def _native_digest(project: Project) -> str:
+def _native_digest(project: Project, sources: Path) -> str:
     digest = hashlib.sha256()
-    for entry in NATIVE_INPUTS:
-        path = project.root / entry
+    inputs = [(entry, project.root / entry) for entry in NATIVE_INPUTS if entry != "csrc"] + [("csrc", sources)]
+    for entry, path in inputs:
         for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
-            digest.update(str(f.relative_to(project.root)).encode() + b"\0" + f.read_bytes())
+            digest.update(f"{entry}/{f.relative_to(path)}".encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def _extension(project: Project, spec: BaseSpec, wheel: Path) -> tuple[str, bytes]:
-    """The C++ extension, built once per native-input digest."""
-    cache = project.build / "stack-test" / f"ext-{_native_digest(project)}"
+def extension(project: Project, spec: BaseSpec, wheel: Path, sources: Path | None = None,
+              work: Path | None = None) -> tuple[str, bytes]:
+    """The C++ extension built from `sources` (default csrc/), once per native-input digest.
+
+    `work` (default build/stack-test) holds the cache and the link directory; a non-default
+    `sources` gets its own CMake tree, so the build really compiles the files found there.
+    """
+    work = work or project.build / "stack-test"
+    cache = work / f"ext-{_native_digest(project, sources or project.root / 'csrc')}"
     if (cache / "name").is_file():
         name = (cache / "name").read_text().strip()
         return name, (cache / "module.so").read_bytes()
-    log("stack-test: building the C++ extension (once for every prefix that owns native code)")
-    name, data = build_extension(project, spec, wheel)
+    log(f"{work.name}: building the C++ extension from {sources or 'csrc/'} (once for every prefix that "
+        f"owns native code)")
+    name, data = build_extension(project, spec, wheel, sources=sources, out=work / "ext")
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "module.so").write_bytes(data)
     (cache / "name").write_text(name + "\n")
@@ -133,26 +140,63 @@ class Installer:
 
     def install(self, prefix: list[Patch]) -> bool:
         """Returns whether the prefix owns native code (the extension is installed)."""
-        self._restore()
         stage = self.project.build / "stack-test" / "stage"
         changed = patched_sources(self.project, prefix, self.pristine, stage)
         files = {rel: (stage / rel).read_bytes() for rel in changed}
-        version_py = (self.pristine / "torch" / "version.py").read_text()
-        files["torch/version.py"] = stamp_version_py(version_py, self.spec,
-                                                     series_digest(self.project, prefix)).encode()
+        shutil.rmtree(stage, ignore_errors=True)
         native = any(p.native_files for p in prefix)
+        self.install_files(files, series_digest(self.project, prefix),
+                           extension(self.project, self.spec, self.wheel) if native else None)
+        return native
+
+    def install_files(self, files: dict[str, bytes], digest: str, ext: tuple[str, bytes] | None) -> None:
+        """Put `files` (site-packages paths -> contents) in place of the previous prefix's, with
+        torch/version.py stamped with `digest` and the extension `ext` (wheel path, bytes) if given."""
+        self._restore()
+        files = dict(files)
+        version_py = (self.pristine / "torch" / "version.py").read_text()
+        files["torch/version.py"] = stamp_version_py(version_py, self.spec, digest).encode()
         ext_dir = self.site / EXTENSION_DIR
         for old in ext_dir.glob(f"{EXTENSION_NAME}.*.so"):
             old.unlink()
-        if native:
-            name, data = _extension(self.project, self.spec, self.wheel)
-            files[name] = data
+        if ext is not None:
+            files[ext[0]] = ext[1]
         self.written = sorted(files)
         self.state.write_text("\n".join(self.written) + "\n")
         for rel, data in files.items():
             _replace(self.site / rel, data)
-        shutil.rmtree(stage, ignore_errors=True)
-        return native
+
+
+def run_tests(project: Project, venv: Path, cwd: Path, ids: list[str], junit: Path, label: str,
+              timeout: float, result: PrefixResult, *, safe_path: bool = False) -> None:
+    """pytest `ids` in `venv` from `cwd`; fills `result` (statuses, seconds, error).
+
+    `python -P`: the working directory is not put on sys.path, so from a pytorch tree `import
+    torch` is the venv's installed torch, not the tree's sources (which have no libraries).
+    `safe_path` (a pytorch tree as `cwd`) does the same for the interpreters the tests start
+    (PYTHONSAFEPATH=1), such as the subprocesses of the native bad-argument tests.
+    """
+    started = time.monotonic()
+    junit.unlink(missing_ok=True)
+    cmd = ["nice", str(python_exe(venv)), "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q",
+           f"--junitxml={junit}", *ids]
+    log(f"{label}: $ " + " ".join(cmd[1:]))
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DYNAPATCH_CACHE_DIR": str(project.cache)}
+    if safe_path:
+        env["PYTHONSAFEPATH"] = "1"
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    except subprocess.TimeoutExpired:
+        proc, tail = None, [f"timed out after {timeout:.0f} s"]
+    result.seconds += time.monotonic() - started
+    if junit.is_file():
+        result.results = parse_junit(junit)
+    if proc is None or not result.results or (proc.returncode not in (0, 1)):
+        result.error = "pytest did not complete: " + " | ".join(tail[-3:])
+    if not result.ok:
+        failed = [t for t, s in result.results.items() if s == FAILED]
+        log(f"{label}: {len(failed)} failed: " + ", ".join(failed[:20]) + ("\n" + "\n".join(tail) if tail else ""))
 
 
 def run_prefix(project: Project, patches: list[Patch], index: int, installer: Installer, venv: Path,
@@ -172,26 +216,9 @@ def run_prefix(project: Project, patches: list[Patch], index: int, installer: In
     shutil.copytree(project.root / "test", work / "test", ignore=shutil.ignore_patterns("__pycache__"))
     for rel in test_files(patch):
         (work / rel).write_text(tests[rel].text_at(index))
-    junit = project.build / "stack-test" / f"junit-{index + 1:04d}.xml"
-    junit.unlink(missing_ok=True)
-    cmd = ["nice", str(python_exe(venv)), "-m", "pytest", "-p", "no:cacheprovider", "-q",
-           f"--junitxml={junit}", *ids]
-    log(f"stack-test {index + 1}/{len(patches)} {patch.patch_name}: $ " + " ".join(cmd[1:]))
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DYNAPATCH_CACHE_DIR": str(project.cache)}
-    try:
-        proc = subprocess.run(cmd, cwd=work, env=env, text=True, capture_output=True, timeout=timeout)
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-    except subprocess.TimeoutExpired:
-        proc, tail = None, [f"timed out after {timeout:.0f} s"]
     result.seconds = time.monotonic() - started
-    if junit.is_file():
-        result.results = parse_junit(junit)
-    if proc is None or not result.results or (proc.returncode not in (0, 1)):
-        result.error = "pytest did not complete: " + " | ".join(tail[-3:])
-    if not result.ok:
-        failed = [t for t, s in result.results.items() if s == FAILED]
-        log(f"stack-test {patch.patch_name}: {len(failed)} failed: " + ", ".join(failed[:20])
-            + ("\n" + "\n".join(tail) if tail else ""))
+    run_tests(project, venv, work, ids, project.build / "stack-test" / f"junit-{index + 1:04d}.xml",
+              f"stack-test {index + 1}/{len(patches)} {patch.patch_name}", timeout, result)
     return result
 
 

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from .base import BaseSpec, load_base, pristine_sources, wheel_version
-from .common import DynapatchError, Project, log, run, sha256_file
-from .series import OVERRIDE_DIR_RE, SERIES_INVALID, Patch, apply_to_target, check_header, parse_patch
+from .common import DynapatchError, log, Project, run, sha256_file
+from .series import apply_to_target, check_header, OVERRIDE_DIR_RE, parse_patch, Patch, SERIES_INVALID
 
 
 def public_version(version: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import DynapatchError, Project
-from .series import SERIES_INVALID, Patch
+from .series import Patch, SERIES_INVALID
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,19 @@ def check_pr_extra(project: Project, patches: list[Patch], pristine: Path | None
             if rel.startswith("torch/") and (pristine is None or (pristine / rel).exists()):
                 raise DynapatchError(f"{where} changes {rel}, a file of the torch package: that change belongs "
                                      f"in patches/{names[path.stem].name} itself", SERIES_INVALID)
+
+
+def case_count(shared: SharedFile, index: int) -> int:
+    """How many test cases (test* methods of classes, top-level test* functions) patch `index` ships
+    in this file: those it owns in the file as of that patch, counted once per definition (a
+    parametrized case counts once)."""
+    count = 0
+    for name, node in _items(ast.parse(shared.text_at(index))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test"):
+            continue
+        owner = shared.owner.get(name)
+        if owner is None and "::" in name:
+            owner = shared.owner.get(name.split("::")[0])
+        if (shared.first() if owner is None else owner) == index:
+            count += 1
+    return count

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import DynapatchError, Project, log, python_exe, run
+from .common import DynapatchError, log, Project, python_exe, run
 from .series import by_patch_name, load_series
 
 # Upstream files covering what the series touches: guards, recompiles, hooks,

@@ -138,7 +138,9 @@ def repack(base_wheel: Path, out_wheel: Path, spec: BaseSpec, staged: dict[str, 
             with zipfile.ZipFile(tmp, "w") as dst:
                 for name in sorted(names, key=_entry_order):
                     old = names[name]
-                    mode = 0o755 if name.endswith(".so") or (old and (infos[old].external_attr >> 16) & 0o111) else 0o644
+                    mode = (
+                        0o755 if name.endswith(".so") or (old and (infos[old].external_attr >> 16) & 0o111) else 0o644
+                    )
                     if name in staged or name == new_info + "METADATA":
                         data = staged[name] if name in staged else src.read(old)
                         if name == new_info + "METADATA":

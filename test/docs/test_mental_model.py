@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch._dynamo.test_case
 
-
 DOC = Path(__file__).resolve().parents[2] / "docs" / "mental-model.md"
 EXAMPLE = re.compile(r"```python\n(?P<code>.*?)```\n\n```text\n(?P<output>.*?)```", re.S)
 

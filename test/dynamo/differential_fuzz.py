@@ -46,7 +46,6 @@ from typing import Any
 import torch
 import torch._dynamo
 
-
 __all__ = [
     "ALL_TAGS",
     "FAMILIES",
@@ -189,8 +188,12 @@ class Program:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Program:
         data = dict(data)
-        data["sections"] = {k: [Op(o["code"], tuple(o["tags"]), o["keep"]) for o in v] for k, v in data["sections"].items()}
-        data["steps"] = [Step([Op(o["code"], tuple(o["tags"]), o["keep"]) for o in s["pre"]], s["n"]) for s in data["steps"]]
+        data["sections"] = {
+            k: [Op(o["code"], tuple(o["tags"]), o["keep"]) for o in v] for k, v in data["sections"].items()
+        }
+        data["steps"] = [
+            Step([Op(o["code"], tuple(o["tags"]), o["keep"]) for o in s["pre"]], s["n"]) for s in data["steps"]
+        ]
         data["x_shape"] = tuple(data["x_shape"])
         data["base_tags"] = tuple(data["base_tags"])
         return cls(**data)
@@ -275,10 +278,13 @@ def gen_scalars(r: random.Random, backend: str) -> dict[str, Any]:
     mutate = [
         lambda: Op(f"self.step += {r.choice([1, 2])}", ("scalars.int_counter",)),
         lambda: Op("self.step -= 1", ("scalars.int_counter",)),
-        lambda: (lambda c: Op(f"self.temp *= {c}", ("scalars.float_mutation",) + (("scalars.zero",) if c == 0.0 else ())))(
-            r.choice([0.9, 0.5, 0.0, 1.5])
+        lambda: (
+            lambda c: Op(f"self.temp *= {c}", ("scalars.float_mutation",) + (("scalars.zero",) if c == 0.0 else ()))
+        )(r.choice([0.9, 0.5, 0.0, 1.5])),
+        lambda: Op(
+            f"self.temp = self.temp * {r.choice([0.9, 0.5])} + {r.choice([0.05, 0.0, -0.5])}",
+            ("scalars.float_mutation",),
         ),
-        lambda: Op(f"self.temp = self.temp * {r.choice([0.9, 0.5])} + {r.choice([0.05, 0.0, -0.5])}", ("scalars.float_mutation",)),
         lambda: Op("self.temp -= 0.25", ("scalars.float_mutation",)),
     ]
     use = [
@@ -544,11 +550,14 @@ def _popt_pre(r: random.Random, i: int) -> Op:
             ),
             lambda: Op(f"popt.all_params()[{k}].grad = None", ("init_once.opt_grad_none",)),
             lambda: Op(
-                f"p = popt.all_params()[{k}]\nif p.grad is None:\n    p.grad = rnd({1000 * i + 7}, *p.shape, dtype=p.dtype)",
+                f"p = popt.all_params()[{k}]\n"
+                f"if p.grad is None:\n    p.grad = rnd({1000 * i + 7}, *p.shape, dtype=p.dtype)",
                 ("init_once.opt_grad_appears",),
             ),
             lambda: Op(f"p = popt.all_params()[{k}]\np.data = p.data.double()", ("init_once.opt_param_dtype",)),
-            lambda: Op(f"p = popt.all_params()[{k}]\np.data = rnd({i}, 3)\np.grad = None", ("init_once.opt_param_shape",)),
+            lambda: Op(
+                f"p = popt.all_params()[{k}]\np.data = rnd({i}, 3)\np.grad = None", ("init_once.opt_param_shape",)
+            ),
             lambda: Op(f"popt.all_params()[{k}].requires_grad_(False)", ("init_once.opt_requires_grad",)),
             lambda: Op(
                 f'popt.param_groups[0]["params"][{k}] = torch.nn.Parameter(rnd({300 + i}, 2))\n'
@@ -560,14 +569,21 @@ def _popt_pre(r: random.Random, i: int) -> Op:
                 f'popt.param_groups.append({{"params": [q], "lr": 0.05, "momentum": 0.5}})',
                 ("init_once.opt_group_added",),
             ),
-            lambda: Op(f'popt.param_groups[0]["{r.choice(["lr", "momentum"])}"] = {r.choice([0.3, 0.05])}', ("init_once.opt_hyper",)),
+            lambda: Op(
+                f'popt.param_groups[0]["{r.choice(["lr", "momentum"])}"] = {r.choice([0.3, 0.05])}',
+                ("init_once.opt_hyper",),
+            ),
             lambda: Op('SAVE["popt"] = popt.state_dict()', ("init_once.opt_save_state",)),
-            lambda: Op('if "popt" in SAVE:\n    popt.load_state_dict(SAVE["popt"])', ("init_once.opt_load_state_dict",)),
+            lambda: Op(
+                'if "popt" in SAVE:\n    popt.load_state_dict(SAVE["popt"])', ("init_once.opt_load_state_dict",)
+            ),
             lambda: Op(
                 'for st in popt.state.values():\n    st["buf"] = st["buf"].double()\n    break',
                 ("init_once.opt_state_dtype",),
             ),
-            lambda: Op("if popt.state:\n    del popt.state[next(iter(popt.state))]", ("init_once.opt_state_key_removed",)),
+            lambda: Op(
+                "if popt.state:\n    del popt.state[next(iter(popt.state))]", ("init_once.opt_state_key_removed",)
+            ),
         ]
     )()
 
@@ -587,12 +603,15 @@ def _cache_pre(r: random.Random, i: int, keys: list[str]) -> Op:
             lambda: Op(f'cache["{k}"] = rnd({800 + i}, 3)', ("init_once.value_shape",)),
             lambda: Op(f'cache["{k}"] = rnd({800 + i}, 4)[::2]', ("init_once.value_stride",)),
             lambda: Op(
-                f'if isinstance(cache.get("{k}"), torch.Tensor):\n    cache["{k}"].requires_grad_(not cache["{k}"].requires_grad)',
+                f'if isinstance(cache.get("{k}"), torch.Tensor):\n'
+                f'    cache["{k}"].requires_grad_(not cache["{k}"].requires_grad)',
                 ("init_once.value_requires_grad",),
             ),
             lambda: Op(
                 f'if isinstance(cache.get("{k}"), torch.Tensor):\n'
-                f'    cache["{k}"].grad = None if cache["{k}"].grad is not None else rnd({900 + i}, *cache["{k}"].shape)',
+                f'    cache["{k}"].grad = (\n'
+                f'        None if cache["{k}"].grad is not None else rnd({900 + i}, *cache["{k}"].shape)\n'
+                f'    )',
                 ("init_once.value_grad_presence",),
             ),
             lambda: Op(f'cache["{k}"] = rnd({850 + i}, 2)', ("init_once.value_replaced",)),
@@ -645,7 +664,10 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
                 )
             )
             frame.append(
-                Op("vals = []\ncollect(cache, vals)\nout.append(len(vals))\nfor v in vals:\n    y = y + v.sum()", ("init_once.iterate",))
+                Op(
+                    "vals = []\ncollect(cache, vals)\nout.append(len(vals))\nfor v in vals:\n    y = y + v.sum()",
+                    ("init_once.iterate",),
+                )
             )
         elif c == "make":
             fresh = r.random() < 0.4
@@ -682,7 +704,10 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
             frame.append(Op('d = sub(cache)\nd["hits"] = d.get("hits", 0) + 1', ("init_once.dict_result",)))
         elif c == "self":
             setup.append(
-                Op('@torch._dynamo.init_values_once(guards=["cache"])\ndef get_cache(cache):\n    return cache', ("init_once.result_is_input",))
+                Op(
+                    '@torch._dynamo.init_values_once(guards=["cache"])\ndef get_cache(cache):\n    return cache',
+                    ("init_once.result_is_input",),
+                )
             )
             frame.append(
                 Op(
@@ -724,11 +749,19 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
                     ("init_once.dict_key_grads",),
                 )
             )
-            frame.append(Op("kg = []\nkey_grads(kstate, kg)\nout.append(len(kg))\nfor g in kg:\n    y = y + g", ("init_once.dict_key_grads",)))
+            frame.append(
+                Op(
+                    "kg = []\nkey_grads(kstate, kg)\nout.append(len(kg))\nfor g in kg:\n    y = y + g",
+                    ("init_once.dict_key_grads",),
+                )
+            )
             pre_makers.append(
                 lambda i: r.choice(
                     [
-                        lambda: Op(f"list(kstate)[{r.randint(0, 2)}].grad = rnd({1100 + i}, 2)", ("init_once.key_grad_appears",)),
+                        lambda: Op(
+                            f"list(kstate)[{r.randint(0, 2)}].grad = rnd({1100 + i}, 2)",
+                            ("init_once.key_grad_appears",),
+                        ),
                         lambda: Op(f"list(kstate)[{r.randint(0, 2)}].grad = None", ("init_once.key_grad_disappears",)),
                         lambda: Op(
                             f"g = list(kstate)[{r.randint(0, 2)}].grad\nif g is not None:\n    g.mul_(2)",
@@ -853,7 +886,9 @@ def gen_hooks(r: random.Random, backend: str) -> dict[str, Any]:
                     lambda: Op('H["fwd2"] = m.register_forward_hook(fwd_hook)', ("hooks.register_in_frame",)),
                     lambda: Op('H["pre2"] = m.register_forward_pre_hook(pre_hook)', ("hooks.register_in_frame",)),
                     lambda: Op("z = y * 2\nz.register_hook(t_hook)\ny = z", ("hooks.tensor_intermediate",)),
-                    lambda: Op("z = y * 3\nh = z.register_hook(t_hook)\nh.remove()\ny = z", ("hooks.tensor_remove_in_frame",)),
+                    lambda: Op(
+                        "z = y * 3\nh = z.register_hook(t_hook)\nh.remove()\ny = z", ("hooks.tensor_remove_in_frame",)
+                    ),
                     lambda: Op('out.append(len(m._forward_hooks))', ("hooks.read_hook_dict",)),
                 ]
             )()
@@ -875,7 +910,7 @@ def gen_hooks(r: random.Random, backend: str) -> dict[str, Any]:
 
     return dict(
         backend=_pick_backend(r, backend),
-        # Stock's default skips guards on module hook dicts, so hooks added between calls
+        # Dynamo's default skips guards on module hook dicts, so hooks added between calls
         # are knowingly ignored by code compiled before; fuzz the sound setting.
         config={"skip_nnmodule_hook_guards": False},
         template=HOOKS_TEMPLATE,
@@ -970,14 +1005,22 @@ def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
         choices = [
             lambda: Op(f"{e}.requires_grad_(not {e}.requires_grad)", ("containers.requires_grad",)),
             # (a grad of the old shape would make the state one eager never checks)
-            lambda: Op(f"{e}.data = rnd({2000 + i}, 3, 2)" + (f"\n{e}.grad = None" if kind == "plist" else ""), ("containers.data_shape",)),
+            lambda: Op(
+                f"{e}.data = rnd({2000 + i}, 3, 2)" + (f"\n{e}.grad = None" if kind == "plist" else ""),
+                ("containers.data_shape",),
+            ),
             lambda: Op(f"{e}.t_()", ("containers.t_",)),
             lambda: Op(f"{e} = rnd({2100 + i}, 2, 3)", ("containers.replace_same_meta",)),
         ]
         if kind != "plist":
             choices.append(lambda: Op(f"{e} = {e}.double()", ("containers.dtype",)))
         else:
-            choices.append(lambda: Op(f"{e}.grad = None if {e}.grad is not None else rnd({2200 + i}, *{e}.shape)", ("containers.grad_presence",)))
+            choices.append(
+                lambda: Op(
+                    f"{e}.grad = None if {e}.grad is not None else rnd({2200 + i}, *{e}.shape)",
+                    ("containers.grad_presence",),
+                )
+            )
         if kind == "list":
             choices.append(lambda: Op(f"{c}.append(rnd({2300 + i}, 2, 3))", ("containers.length",)))
             choices.append(lambda: Op(f"{c}.pop()", ("containers.length",)))
@@ -1029,7 +1072,7 @@ def _all_tags() -> set[str]:
     return tags
 
 
-def ALL_TAGS() -> set[str]:  # noqa: N802 (a constant, computed once)
+def ALL_TAGS() -> set[str]:  # upper case: a constant, computed once
     return set(_all_tags())
 
 
@@ -1080,7 +1123,10 @@ class _Snapshotter:
             # Not state_dict(): it raises once a parameter with state left the groups.
             return ContainerSnap(
                 f"optimizer {type(obj).__name__}",
-                [(".param_groups", None, self(obj.param_groups, depth + 1)), (".state", None, self(dict(obj.state), depth + 1))],
+                [
+                    (".param_groups", None, self(obj.param_groups, depth + 1)),
+                    (".state", None, self(dict(obj.state), depth + 1)),
+                ],
             )
         if isinstance(obj, torch.nn.Module):
             return self.module(obj, depth)
@@ -1102,7 +1148,9 @@ class _Snapshotter:
         if callable(obj):
             return ("callable", getattr(obj, "__qualname__", type(obj).__name__))
         if hasattr(obj, "__dict__"):
-            return ContainerSnap(f"object {type(obj).__name__}", [(f".{k}", None, self(v, depth + 1)) for k, v in vars(obj).items()])
+            return ContainerSnap(
+                f"object {type(obj).__name__}", [(f".{k}", None, self(v, depth + 1)) for k, v in vars(obj).items()]
+            )
         return ("repr", repr(obj))
 
     def tensor(self, t: torch.Tensor, depth: int) -> Any:
@@ -1200,7 +1248,11 @@ def compare(a: Any, b: Any, path: str, exact: bool) -> tuple[str, str] | None:
         return None
     if isinstance(a, tuple) and a and a[0] == "float":
         x, y = a[1], b[1]
-        same = (math.isnan(x) and math.isnan(y)) or x == y or (not exact and math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9))
+        same = (
+            (math.isnan(x) and math.isnan(y))
+            or x == y
+            or (not exact and math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9))
+        )
         return None if same else (path, f"{x!r} != {y!r}")
     if a != b:
         return (path, f"{_short(a)} != {_short(b)}")
@@ -1281,7 +1333,7 @@ def _guard_disagreements(code: Any, f_locals: dict[str, Any]) -> list[str]:
         try:
             fast = bool(manager.check(f_locals))
             verbose = manager.check_verbose(f_locals)
-        except Exception:  # noqa: BLE001 (a guard needing more than the arguments)
+        except Exception:  # a guard needing more than the arguments
             continue
         if fast != bool(verbose.result):
             found.append(
@@ -1320,8 +1372,8 @@ def _run_side(program: Program, source: str, backend: Any) -> tuple[_Side, int]:
     try:
         with torch._dynamo.config.patch(**program.config):
             try:
-                exec(compile(source, filename, "exec"), ns)  # noqa: S102 (our own generated source)
-            except Exception as e:  # noqa: BLE001
+                exec(compile(source, filename, "exec"), ns)  # our own generated source
+            except Exception as e:
                 side.setup_error = _exc(e)[1]
                 return side, 0
             frame = ns["frame"]
@@ -1336,7 +1388,7 @@ def _run_side(program: Program, source: str, backend: Any) -> tuple[_Side, int]:
                 if pre is not None:
                     try:
                         pre()
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:
                         side.outcomes.append(("pre-exc", _exc(e)[1]))
                         side.observations.append(None)
                         break
@@ -1350,7 +1402,7 @@ def _run_side(program: Program, source: str, backend: Any) -> tuple[_Side, int]:
                     if program.backward and isinstance(result[0], torch.Tensor) and result[0].requires_grad:
                         result[0].sum().backward()
                     outcome = ("ok", "")
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     outcome = _exc(e)
                 side.outcomes.append(outcome)
                 side.observations.append(observe(result, ns.get("TRACK", {}), baseline))

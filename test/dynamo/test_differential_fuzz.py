@@ -12,7 +12,6 @@ import torch
 import torch._dynamo.test_case
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
-
 try:
     from . import differential_fuzz as fuzz
 except ImportError:
@@ -20,7 +19,7 @@ except ImportError:
 
 
 # (family, seed): `scripts/fuzz_differential.py --coverage --count 1000` (a greedy
-# set covering every feature tag; programs failing on stock torch too are left out).
+# set covering every feature tag; programs failing on unpatched torch too are left out).
 # Changing the generator changes the programs of every seed: rerun it then.
 CI_PROGRAMS = [
     ("containers", 5),

@@ -27,7 +27,6 @@ from torch.testing._internal.common_utils import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 N = 1000
 K = config.tensor_container_guard_min_size
 
@@ -100,7 +99,8 @@ t = torch.randn(2)
 def rec(locator=0, key=None, tensor=t, sizes=(2,), strides=(1,), marks=None, aliasing=False, name="xs[0]", *grad):
     return (locator, key, tensor, sizes, strides, marks, aliasing, name, *grad)
 def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None):
-    return ext.make_tensor_container_guard(kind, name, dict_type, keys, [rec()] if elements is None else elements, group)
+    elements = [rec()] if elements is None else elements
+    return ext.make_tensor_container_guard(kind, name, dict_type, keys, elements, group)
 results = {}
 for label, stmt in json.load(sys.stdin):
     print("running", label, file=sys.stderr, flush=True)
@@ -360,9 +360,7 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "slot no args": ('ext.TensorAliasingGroup().add_tensor("a")()', "TypeError"),
             "slot two args": ('ext.TensorAliasingGroup().add_tensor("a")(t, t)', "TypeError"),
             "slot kwargs": ('ext.TensorAliasingGroup().add_tensor("a")(x=t)', "TypeError"),
-            "group explain any args": (
-                "assert ext.TensorAliasingGroup().explain(1, None) is True", "no exception"
-            ),
+            "group explain any args": ("assert ext.TensorAliasingGroup().explain(1, None) is True", "no exception"),
             # TensorContainerGuard calls
             "guard constructed": ("ext.TensorContainerGuard()", "TypeError"),
             "guard no args": ("make()()", "TypeError"),
@@ -388,7 +386,10 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "name surrogate": ('make(name="x\\udcff")', "UnicodeEncodeError"),
             "name None": ("make(name=None)", "TypeError"),
             "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None)", "TypeError"),
-            "elements tuple": ("ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None)", "TypeError"),
+            "elements tuple": (
+                "ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None)",
+                "TypeError",
+            ),
             "too few arguments": ("ext.make_tensor_container_guard('list', 'xs')", "TypeError"),
             "element a list": ("make(elements=[list(rec())])", "TypeError"),
             "element None": ("make(elements=[None])", "TypeError"),
@@ -400,7 +401,10 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "locator str": ('make(elements=[rec(locator="0")])', "TypeError"),
             "locators unsorted": ("make(elements=[rec(locator=1), rec(locator=0)])", "ValueError"),
             "tensor None": ("make(elements=[rec(tensor=None)])", "TypeError"),
-            "tensor sparse": ("make(elements=[rec(tensor=torch.eye(2).to_sparse(), sizes=(2, 2), strides=(1, 1))])", "ValueError"),
+            "tensor sparse": (
+                "make(elements=[rec(tensor=torch.eye(2).to_sparse(), sizes=(2, 2), strides=(1, 1))])",
+                "ValueError",
+            ),
             "sizes None": ("make(elements=[rec(sizes=None)])", "TypeError"),
             "sizes of the wrong rank": ("make(elements=[rec(sizes=(2, 1))])", "ValueError"),
             "size huge": (f"make(elements=[rec(sizes=({big},))])", "ValueError"),
@@ -413,10 +417,22 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "aliasing not a bool": ('make(elements=[rec(aliasing="yes")])', "TypeError"),
             "aliasing without a group": ("make(elements=[rec(aliasing=True)])", "TypeError"),
             "aliasing with a wrong group": ("make(elements=[rec(aliasing=True)], group=object())", "TypeError"),
-            "grad spec unknown": ('make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "maybe")])', "ValueError"),
-            "grad spec surrogate": ('make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "\\ud800")])', "UnicodeEncodeError"),
-            "grad record too short": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', (0,))])", "ValueError"),
-            "grad record bad name": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(name=b'x'))])", "TypeError"),
+            "grad spec unknown": (
+                'make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "maybe")])',
+                "ValueError",
+            ),
+            "grad spec surrogate": (
+                'make(elements=[rec(0, None, t, (2,), (1,), None, False, "x", "\\ud800")])',
+                "UnicodeEncodeError",
+            ),
+            "grad record too short": (
+                "make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', (0,))])",
+                "ValueError",
+            ),
+            "grad record bad name": (
+                "make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(name=b'x'))])",
+                "TypeError",
+            ),
             # dicts
             "dict_ordered with a list type": ('make("dict_ordered", dict_type=list, keys=["a"])', "TypeError"),
             "dict_ordered with None type": ('make("dict_ordered", dict_type=None, keys=["a"])', "TypeError"),

@@ -18,7 +18,6 @@ from torch.testing._internal.common_utils import (
     parametrize,
 )
 
-
 try:  # patch 0008's bad-argument runner
     from .test_guard_accel import run_bad_argument_cases
 except ImportError:
@@ -65,9 +64,6 @@ class ModulePlainSGD(torch.nn.Module, PlainSGD):
 
 def make_opt_class(base=PlainSGD):
     """A fresh OnceSGD class (own code objects, so its own Dynamo cache)."""
-
-    def step(self):
-        return PlainSGD.step(self)
 
     step = types.FunctionType(
         PlainSGD.step.__code__.replace(co_name=f"step_{id(object())}"),
@@ -207,9 +203,15 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertTrue(guard({"k": {"a": t, "b": 1}}))
         self.assertFalse(guard({"k": {"b": 1, "a": t}}))
         self.assertFalse(guard({"k": {"a": t}}))
-        self.assertEqual(guard.explain({"k": {"b": 1, "a": t}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['b', 'a']")
+        self.assertEqual(
+            guard.explain({"k": {"b": 1, "a": t}}),
+            "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['b', 'a']",
+        )
         # A key whose repr could run user code is shown by its type only.
-        self.assertEqual(guard.explain({"k": {"a": t, object(): 1}}), "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]")
+        self.assertEqual(
+            guard.explain({"k": {"a": t, object(): 1}}),
+            "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]",
+        )
         with self.assertRaisesRegex(ValueError, "position without records"):
             ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None)
         with self.assertRaisesRegex(ValueError, "missing from the inner keys"):
@@ -555,18 +557,39 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             # dict_nested arguments of make_tensor_container_guard
             "nested type list": ('make("dict_nested", elements=[rec(key="a")], dict_type=list)', "TypeError"),
             "nested key not a str": ('make("dict_nested", elements=[rec(key=1)], dict_type=dict)', "TypeError"),
-            "nested keys a list": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys=[("a",)])', "TypeError"),
-            "nested keys a str": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: "a"})', "TypeError"),
-            "nested position negative": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={-1: ("a",)})', "ValueError"),
-            "nested position huge": (f'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={{{big}: ("a",)}})', "OverflowError"),
-            "nested position a str": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={"0": ("a",)})', "TypeError"),
-            "nested inner key surrogate": ('make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: ("\\ud800",)})', "ValueError"),
+            "nested keys a list": (
+                'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys=[("a",)])',
+                "TypeError",
+            ),
+            "nested keys a str": (
+                'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: "a"})',
+                "TypeError",
+            ),
+            "nested position negative": (
+                'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={-1: ("a",)})',
+                "ValueError",
+            ),
+            "nested position huge": (
+                f'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={{{big}: ("a",)}})',
+                "OverflowError",
+            ),
+            "nested position a str": (
+                'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={"0": ("a",)})',
+                "TypeError",
+            ),
+            "nested inner key surrogate": (
+                'make("dict_nested", elements=[rec(key="a")], dict_type=dict, keys={0: ("\\ud800",)})',
+                "ValueError",
+            ),
             "nested on non-dicts": (
                 'g = make("dict_nested", elements=[rec(key="a")], dict_type=dict); '
                 'assert [g(None), g([t]), g({"k": [t]}), g({"k": {}})] == [False] * 4',
                 "no exception",
             ),
-            "grad record without a tensor": ("make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(tensor=None))])", "TypeError"),
+            "grad record without a tensor": (
+                "make(elements=[rec(0, None, t, (2,), (1,), None, False, 'x', rec(tensor=None))])",
+                "TypeError",
+            ),
         }
         run_bad_argument_cases(self, cases)
 

@@ -65,7 +65,9 @@ class GuardExplainerTests(torch._dynamo.test_case.TestCase):
         model = torch.compile(Counter(), backend="eager")
         for _ in range(3):
             model(torch.randn(3, 4))
-        self.assertExpectedInline(explain(model), """\
+        self.assertExpectedInline(
+            explain(model),
+            """\
 Guards of forward (test_guard_explainer.py:20): 1 cache entry
 cache entry 0:
   50 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2, relation 1
@@ -88,7 +90,9 @@ cache entry 0:
         grad mode, autocast, default device, torch function modes
     self.step: 2 guards  [module scalar traced as SymInt (no value guard)]
         type of 1 object
-        relation: -9223372036854775808 <= self.step <= 9223372036854775806""", skip=1)
+        relation: -9223372036854775808 <= self.step <= 9223372036854775806""",  # noqa: E501
+            skip=1,
+        )
 
     def test_function_taking_dict_of_tensors(self):
         fn = torch.compile(add_all, backend="eager")
@@ -357,7 +361,9 @@ class NativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
         fn = torch.compile(total, backend="eager")
         fn([torch.randn(2) for _ in range(1000)])
         text = explain(fn)
-        self.assertExpectedInline(text, """\
+        self.assertExpectedInline(
+            text,
+            """\
 Guards of total (test_guard_explainer.py:52): 1 cache entry
 cache entry 0:
   10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
@@ -368,7 +374,9 @@ cache entry 0:
         type of 1 object
         contents (1 key/length check)
     <no-aliasing check>: 2 guards
-        one native no-aliasing check over 1000 tensors""", skip=1)
+        one native no-aliasing check over 1000 tensors""",  # noqa: E501
+            skip=1,
+        )
 
     def test_recompile_reason_names_object_field_and_values(self):
         fn = torch.compile(total, backend="eager")
@@ -407,7 +415,9 @@ class NestedNativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
         step = torch.compile(opt.step, backend="eager")
         step()
         text = explain(step)
-        self.assertExpectedInline(text, """\
+        self.assertExpectedInline(
+            text,
+            """\
 Guards of step (test_guard_explainer.py:39): 1 cache entry
 cache entry 0:
   24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
@@ -427,7 +437,9 @@ cache entry 0:
     <no-aliasing check>: 2 guards
         one native no-aliasing check over 400 tensors
     self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
-        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""", skip=1)
+        tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""",  # noqa: E501
+            skip=1,
+        )
         raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
         self.assertLessEqual(len(text.splitlines()), 40)
         # grads, state buffers and the param/state-key pairs are native guards

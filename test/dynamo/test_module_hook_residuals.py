@@ -12,8 +12,8 @@ then remove() the handles the protocol is told to remove and count again.
 
 import torch
 import torch._dynamo.test_case
-from torch._dynamo import compiled_autograd
 import torch._dynamo.testing
+from torch._dynamo import compiled_autograd
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch.testing._internal.common_utils import (
@@ -21,7 +21,6 @@ from torch.testing._internal.common_utils import (
     parametrize,
 )
 from torch.utils.hooks import RemovableHandle
-
 
 # How often hooks ran, counted in a tensor: an in-graph mutation that adds no
 # guard (appending to a global list would add a length guard of its own).

@@ -109,7 +109,9 @@ class SeriesValidationTest(ProjectCopyTestCase):
 
     def test_missing_overlay_file(self):
         text = self.patch.read_text()
-        self.patch.write_text(text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:"))
+        self.patch.write_text(
+            text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:")
+        )
         before = self.last_good_build()
         proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
         self.assertFailsWith(proc, 1, self.patch.name, "torch_overlay/torch/_dynamo/absent.py", "missing")
@@ -251,7 +253,9 @@ class CommandLineTest(unittest.TestCase):
                     self.assertTrue(action.help, f"{name} {action.option_strings or action.dest} has no help")
         proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "apply", "--help"],
                               text=True, capture_output=True)
-        self.assertIn("--target TARGET  a pytorch checkout", " ".join(proc.stdout.split()).replace("TARGET a", "TARGET  a"))
+        self.assertIn(
+            "--target TARGET  a pytorch checkout", " ".join(proc.stdout.split()).replace("TARGET a", "TARGET  a")
+        )
 
     def test_version(self):
         proc = subprocess.run([sys.executable, str(ROOT / "scripts/dynapatch.py"), "--version"],
@@ -265,9 +269,15 @@ class CommandLineTest(unittest.TestCase):
 
 class InfoTest(ProjectCopyTestCase):
     def test_info_prints_series_and_commit_from_the_wheel(self):
-        record = {"version": "2.13.0+cpu.dynapatch.1.gdeadbeef", "variant": "cpu", "base_wheel": "base.whl",
-                  "base_sha256": "b" * 64, "commit": "c" * 40, "series_sha256": "d" * 64,
-                  "patches": [{"name": "0001-x.patch", "sha256": "e" * 64}, {"name": "0002-y.patch", "sha256": "f" * 64}]}
+        record = {
+            "version": "2.13.0+cpu.dynapatch.1.gdeadbeef",
+            "variant": "cpu",
+            "base_wheel": "base.whl",
+            "base_sha256": "b" * 64,
+            "commit": "c" * 40,
+            "series_sha256": "d" * 64,
+            "patches": [{"name": "0001-x.patch", "sha256": "e" * 64}, {"name": "0002-y.patch", "sha256": "f" * 64}],
+        }
         wheel = self.tmp / f"torch-2.13.0+cpu.dynapatch.1.gdeadbeef-{WHEEL_TAGS}.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module(record))
@@ -434,3 +444,82 @@ class ReproducibleWheelTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LintTest(ProjectCopyTestCase):
+    """lint: ruff and clang-format, on a copy of the project; either finding fails it."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("ruff.toml", ".clang-format", "requirements-lint.txt"):
+            shutil.copy2(ROOT / name, self.project / name)
+
+    def test_clean_then_unformatted_csrc_fails(self):
+        proc = self.dynapatch("lint")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("csrc/ formatted", proc.stdout)
+        header = self.project / "csrc/tensor_container_guard.h"
+        header.write_text(header.read_text() + "\nnamespace  dynapatch_lint_test { int  x; }\n")
+        proc = self.dynapatch("lint")
+        self.assertFailsWith(proc, 1, "csrc/tensor_container_guard.h not formatted as .clang-format says")
+        self.assertRegex(proc.stdout, r"csrc/tensor_container_guard.h: [1-9]\d* places differ")
+        self.assertIn("csrc/guard_accel.cpp: clean", proc.stdout)
+
+    def test_ruff_finding_fails(self):
+        (self.project / "scripts/unused_import.py").write_text("import os\n")
+        proc = self.dynapatch("lint")
+        self.assertFailsWith(proc, 1, "ruff found problems")
+        self.assertIn("scripts/unused_import.py:1:8: F401", proc.stdout)
+
+
+class StatsTest(ProjectCopyTestCase):
+    """stats: per patch, upstream +/- (as git apply --numstat counts them), overlay, native lines, cases."""
+
+    def setUp(self):
+        super().setUp()
+        shutil.copytree(ROOT / "test", self.project / "test", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def rows(self):
+        proc = self.dynapatch("stats")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        rows = {}
+        for line in proc.stdout.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+        return rows
+
+    def test_counts_match_numstat_and_the_files(self):
+        rows = self.rows()
+        patches = sorted((self.project / "patches").glob("0*.patch"))
+        self.assertEqual(len(rows), len(patches) + 1)  # and the total
+        for patch in patches:
+            numstat = subprocess.run(["git", "apply", "--numstat", str(patch)], capture_output=True, text=True,
+                                     cwd=self.tmp, check=True).stdout.split()
+            added, removed = sum(map(int, numstat[0::3])), sum(map(int, numstat[1::3]))
+            self.assertEqual(rows[patch.name[:4]][1], f"+{added}/-{removed}", patch.name)
+        native = sum(len(p.read_text().splitlines()) for p in (self.project / "csrc").iterdir())
+        self.assertEqual(rows["0008"][3], str(native))  # 0008 owns every csrc/ file
+        overlay = [line.split(": ", 1)[1] for line in patches[2].read_text().splitlines()
+                   if line.startswith("Overlay-File: ")]
+        self.assertEqual(rows["0003"][2], str(sum(len((self.project / "torch_overlay" / rel).read_text()
+                                                      .splitlines()) for rel in overlay)))
+
+    def test_cases_follow_the_patch_that_owns_them(self):
+        before = self.rows()
+        first = self.project / "test/dynamo/test_optimizer_variable.py"
+        first.write_text(first.read_text() + "\n\ndef test_added():\n    pass\n")
+        # A method 0004's selector (InitValuesOnceTests::test_torch_optim_*) takes from 0003's file.
+        shared = self.project / "test/dynamo/test_init_values_once.py"
+        text = shared.read_text()
+        anchor = "class InitValuesOnceTests("
+        self.assertIn(anchor, text)
+        head, tail = text.split(anchor, 1)
+        body_start = tail.index("\n    def ")
+        shared.write_text(head + anchor + tail[:body_start] + "\n    def test_torch_optim_added(self):\n"
+                          "        pass\n" + tail[body_start:])
+        after = self.rows()
+        self.assertEqual(int(after["0001"][5]), int(before["0001"][5]) + 1)
+        self.assertEqual(int(after["0004"][5]), int(before["0004"][5]) + 1)
+        self.assertEqual(after["0003"][5], before["0003"][5])
+        self.assertEqual(int(after["all"][5]), int(before["all"][5]) + 2)

@@ -5,7 +5,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from test_dynapatch_cli import CACHE, ROOT, WHEEL_TAGS, ProjectCopyTestCase  # also puts scripts/ on sys.path
+from test_dynapatch_cli import CACHE, ProjectCopyTestCase, ROOT, WHEEL_TAGS  # also puts scripts/ on sys.path
 
 from dplib.base import load_base
 from dplib.common import Project
@@ -68,6 +68,25 @@ class ExportPrsTest(ProjectCopyTestCase):
         for source in (self.project / "csrc").iterdir():
             self.assertEqual((repo / "torch/csrc/dynamo" / source.name).read_bytes(), source.read_bytes())
 
+    def test_verify_runs_each_prs_own_tests_from_the_amd_tree(self):
+        """export-prs --verify on the first PR, with a small test file in place of its own: it runs from
+        the git-am'd tree against a venv holding that tree's files (two cases check that), and its
+        failing case fails the PR. (The full run over every PR takes about 35 minutes, see README.)"""
+        (self.project / "test/dynamo/test_am_fixture.py").write_text(
+            AM_FIXTURE + "\n\ndef test_fails_on_purpose():\n    assert False\n")
+        for patch in (self.patch, self.project / "patches/2.14.1" / self.patch.name):  # and its override
+            patch.write_text(patch.read_text().replace(
+                "Tests: test/dynamo/test_optimizer_variable.py", "Tests: test/dynamo/test_am_fixture.py", 1))
+        proc = self.dynapatch("export-prs", str(self.tmp / "prs"), "--verify", "--patch", "0001")
+        self.assertFailsWith(proc, 1, "1 of 1 PRs fail their own tests when applied with git am; the first is 1/",
+                             "(optimizer-init-group-match)")
+        self.assertRegex(proc.stdout, r"\| 1/\d+ \| optimizer-init-group-match \| test/dynamo/test_am_fixture.py "
+                                      r"\| 2/1/0 \| no \| \d+ \| FAIL \|")
+        self.assertIn("test_fails_on_purpose", proc.stdout)
+        self.assertEqual(
+            len(list((self.tmp / "prs").glob("*.patch"))), len(list((self.project / "patches").glob("*.patch")))
+        )
+
     def test_message_is_a_pr_description(self):
         out = self.tmp / "prs"
         self.assertEqual(self.dynapatch("export-prs", str(out)).returncode, 0)
@@ -86,6 +105,26 @@ class ExportPrsTest(ProjectCopyTestCase):
         (self.tmp / "full").mkdir()
         (self.tmp / "full" / "old.patch").write_text("x")
         self.assertFailsWith(self.dynapatch("export-prs", str(self.tmp / "full")), 1, "not empty")
+
+
+AM_FIXTURE = '''
+import os
+
+import torch
+
+
+def test_runs_from_the_amd_tree_against_its_installed_files():
+    here = os.path.dirname(os.path.abspath(__file__))
+    assert here.endswith(os.path.join("export-verify", "pytorch", "test", "dynamo")), here
+    assert "export-verify" in torch.__file__ and "pytorch" not in torch.__file__, torch.__file__
+
+
+def test_prefix_is_installed():
+    from torch._dynamo.variables import optimizer
+
+    with open(optimizer.__file__) as f:
+        assert "self.static_tensors = static_tensors or {}" in f.read()
+'''
 
 
 class PatchNameTest(ProjectCopyTestCase):

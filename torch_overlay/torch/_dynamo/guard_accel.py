@@ -59,7 +59,6 @@ from .source import (
 )
 from .utils import builtin_dict_keys, istype
 
-
 if TYPE_CHECKING:
     from torch._guards import Guard, Source
 

@@ -24,7 +24,6 @@ import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-
 __all__ = ["explain_guards", "describe_guard_failure"]
 
 # Leaf guard class -> what it checks, in words.
@@ -402,7 +401,10 @@ def _static_attr(obj: Any, name: str) -> Any:
             return instance_dict
         has_get = inspect.getattr_static(type(found), "__get__", _MISSING) is not _MISSING
         return _MISSING if has_get else found
-    if issubclass(type(obj), torch.nn.Module) and inspect.getattr_static(type(obj), "__getattr__") is torch.nn.Module.__getattr__:
+    if (
+        issubclass(type(obj), torch.nn.Module)
+        and inspect.getattr_static(type(obj), "__getattr__") is torch.nn.Module.__getattr__
+    ):
         for table in ("_parameters", "_buffers", "_modules"):
             entries = dict.get(instance_dict, table)
             if type(entries) is dict and name in entries:

@@ -72,7 +72,6 @@ from .constant import ConstantVariable
 from .hooks import call_site
 from .user_defined import RemovableHandleVariable
 
-
 if TYPE_CHECKING:
     from ..codegen import PyCodegen
     from ..symbolic_convert import InstructionTranslatorBase
