@@ -15,9 +15,9 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters, guard_failures
 
 try:
-    from .test_optimizer_variable import RecordingCounter, alive, gc_disabled, live_tensors, opt_step
+    from .test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
 except ImportError:
-    from test_optimizer_variable import RecordingCounter, alive, gc_disabled, live_tensors, opt_step
+    from test_optimizer_variable import alive, gc_disabled, live_tensors, opt_step, RecordingCounter
 
 
 # Calls of _init_group per optimizer instance (a global, so the function only

@@ -26,7 +26,7 @@ written back as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 from . import config
 from .guards import GuardBuilder, install_guard

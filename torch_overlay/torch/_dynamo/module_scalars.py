@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 
 from . import config
-from .exc import UnspecializeRestartAnalysis, raise_observed_exception
+from .exc import raise_observed_exception, UnspecializeRestartAnalysis
 
 if TYPE_CHECKING:
     import sympy

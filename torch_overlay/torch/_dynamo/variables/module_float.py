@@ -74,12 +74,12 @@ import functools
 import logging
 import math
 import operator
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, TYPE_CHECKING
 
 import torch
 
 from .. import config, graph_break_hints
-from ..exc import UnspecializeRestartAnalysis, raise_observed_exception, unimplemented
+from ..exc import raise_observed_exception, unimplemented, UnspecializeRestartAnalysis
 from .base import VariableTracker
 
 if TYPE_CHECKING:
