@@ -5,7 +5,7 @@ Run with the patched wheel (python3 scripts/dynapatch.py build, then
 .venv/bin/python scripts/bench_guards.py). For every scenario and size the same
 function is compiled twice (backend "eager") in one process: once with
 torch._dynamo.config.tensor_container_guards = False and
-avoid_tensor_instance_dicts = False (patch 0013, which also speeds up stock guard
+avoid_tensor_instance_dicts = False (patch 0016, which also speeds up stock guard
 trees), which builds exactly the stock guard tree on stock-shaped tensors, and
 once with both on. Each copy of the function has its own code
 object, so both cache entries stay live and are measured alternately, round by

@@ -27,7 +27,7 @@ import torch._dynamo  # noqa: E402
 
 
 def cell(case, mode):
-    fn, _, remove_first = t.CASES[case]
+    fn, _, remove_first = t.ALL_CASES[case]
     expected = t.run_protocol(fn, remove_first)
     try:
         seen, frames, breaks, fallbacks = t.run_compiled(fn, mode, remove_first)
@@ -83,7 +83,7 @@ def main():
     print(f"torch {torch.__version__}")
     print("| case | " + " | ".join(t.MODES) + " |")
     print("|---|" + "---|" * len(t.MODES))
-    for case in t.CASES:
+    for case in t.ALL_CASES:
         print(f"| {case} | " + " | ".join(cell(case, m) for m in t.MODES) + " |")
     print()
     print("Row 8, nn.Module forward / forward-pre hooks registered inside:")

@@ -234,7 +234,7 @@ def _steps(r: random.Random, count: int, make_pre: Callable[[int], list[Op]], em
     return [Step([] if i == 0 or r.random() < empty else make_pre(i), ns[i]) for i in range(count)]
 
 
-# -- scalars: nn.Module int counters and float attributes (patches 0002, 0011) ----
+# -- scalars: nn.Module int counters and float attributes (patches 0002, 0014) ----
 
 SCALARS_TEMPLATE = '''
 torch.manual_seed(0)
@@ -461,7 +461,7 @@ def gen_optim(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# -- init_once: torch._dynamo.init_values_once (patches 0003, 0004, 0012) ------------
+# -- init_once: torch._dynamo.init_values_once (patches 0003, 0004, 0015) ------------
 
 INIT_ONCE_TEMPLATE = '''
 torch.manual_seed(0)
@@ -922,7 +922,7 @@ def gen_hooks(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# -- containers: large tensor containers (native guards, patches 0008, 0012) ----------
+# -- containers: large tensor containers (native guards, patches 0011, 0015) ----------
 
 CONTAINERS_TEMPLATE = '''
 torch.manual_seed(0)

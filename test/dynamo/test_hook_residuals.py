@@ -219,6 +219,7 @@ def intermediate_hook_returns_none(m, x):
 
 BREAK_UNLESS_CA = {"eager": 1, "aot_eager": 1, "compiled_autograd": 0}
 
+# Hooks registered in the frame on inputs, intermediates and outputs.
 # name -> (fn, expected graph breaks patched, remove handles before backward)
 CASES = {
     "input_returned": (input_returned, 0, False),
@@ -226,16 +227,6 @@ CASES = {
     "input_removed_in_frame": (input_removed_in_frame, 0, False),
     "intermediate_removed_in_frame": (intermediate_removed_in_frame, 0, False),
     "intermediate_dropped_handle": (intermediate_dropped_handle, 0, False),
-    # The tensor is used in the graph: the hook must see the in-graph gradient,
-    # so a removable registration runs eagerly at a graph break. Compiled
-    # autograd calls the hook from a BackwardState, which its handle can clear.
-    "intermediate_returned": (intermediate_returned, BREAK_UNLESS_CA, False),
-    "intermediate_removed_before_backward": (
-        intermediate_removed_before_backward,
-        BREAK_UNLESS_CA,
-        True,
-    ),
-    "intermediate_on_attribute": (intermediate_on_attribute, BREAK_UNLESS_CA, False),
     "output_returned": (output_returned, 0, False),
     "output_removed_before_backward": (output_removed_before_backward, 0, True),
     "output_on_attribute": (output_on_attribute, 0, False),
@@ -245,11 +236,6 @@ CASES = {
     "closure_over_intermediate": (closure_over_intermediate, 0, False),
     "lambda_on_input": (lambda_on_input, 0, False),
     "post_accumulate_grad": (post_accumulate_grad, 0, False),
-    "removed_in_later_call": (removed_in_later_call, 0, False),
-    "reregister": (reregister, 0, False),
-    # The user's own graph break.
-    "input_hook_then_graph_break": (input_hook_then_graph_break, 1, False),
-    "output_handle_across_graph_break": (output_handle_across_graph_break, 1, False),
     # Out of scope (README): a hook traced into the graph cannot append to a
     # global list. Compiled autograd calls the hook itself: no graph break.
     "intermediate_side_effect_hook": (
@@ -257,6 +243,39 @@ CASES = {
         BREAK_UNLESS_CA,
         False,
     ),
+}
+
+# The handle of a hook on an intermediate used in the graph escapes: the hook
+# must see the in-graph gradient, so a removable registration runs eagerly at
+# a graph break (1). Compiled autograd calls the hook from a BackwardState,
+# which its handle can clear (0).
+# name -> (fn, remove handles before backward)
+ESCAPING_CASES = {
+    "intermediate_returned": (intermediate_returned, False),
+    "intermediate_removed_before_backward": (intermediate_removed_before_backward, True),
+    "intermediate_on_attribute": (intermediate_on_attribute, False),
+}
+
+# A handle from outside the frame: live across the user's own graph break, the
+# resume function receives it.
+INPUT_HANDLE_CASES = {
+    "input_hook_then_graph_break": (input_hook_then_graph_break, 1, False),
+    "output_handle_across_graph_break": (output_handle_across_graph_break, 1, False),
+}
+
+# remove() of a handle from outside the frame (stored on the module by an
+# earlier call), replayed after the graph.
+REMOVAL_CASES = {
+    "removed_in_later_call": (removed_in_later_call, 0, False),
+    "reregister": (reregister, 0, False),
+}
+
+# Every pattern, for scripts/hook_matrix.py.
+ALL_CASES = {
+    **CASES,
+    **{name: (fn, BREAK_UNLESS_CA, remove) for name, (fn, remove) in ESCAPING_CASES.items()},
+    **INPUT_HANDLE_CASES,
+    **REMOVAL_CASES,
 }
 
 MODES = ("eager", "aot_eager", "compiled_autograd")
@@ -774,15 +793,7 @@ def run_removal_compiled(kind, mode, calls=3):
     return seen, cnt.frame_count, dict(breaks), fallbacks
 
 
-class HookResidualsTests(torch._dynamo.test_case.TestCase):
-    @parametrize("mode", MODES)
-    @parametrize("case", list(CASES))
-    def test_matches_eager(self, case, mode):
-        fn, expected_breaks, remove_first = CASES[case]
-        if isinstance(expected_breaks, dict):
-            expected_breaks = expected_breaks[mode]
-        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
-
+class HookResidualsTestCase(torch._dynamo.test_case.TestCase):
     def check_matches_eager(self, fn, mode, expected_breaks, remove_first):
         expected = run_protocol(fn, remove_first)
         seen, frames, breaks, fallbacks = run_compiled(fn, mode, remove_first)
@@ -790,6 +801,18 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertGreaterEqual(frames, 1)
         self.assertEqual(breaks, expected_breaks)
         self.assertEqual(fallbacks, 0)
+
+
+class HookResidualsTests(HookResidualsTestCase):
+    """Hooks registered in the frame on inputs, intermediates and outputs."""
+
+    @parametrize("mode", MODES)
+    @parametrize("case", list(CASES))
+    def test_matches_eager(self, case, mode):
+        fn, expected_breaks, remove_first = CASES[case]
+        if isinstance(expected_breaks, dict):
+            expected_breaks = expected_breaks[mode]
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
 
     def test_hook_returning_none_matches_eager(self):
         # A hook that only inspects the gradient of an intermediate returns None:
@@ -820,6 +843,111 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(
                 run_protocol(torch.compile(fn, backend="inductor"), False), expected
             )
+
+    def test_config_off_keeps_behaviour_without_this_patch(self):
+        x = torch.randn(2, 3, requires_grad=True)
+        with torch._dynamo.config.patch(hook_residuals=False):
+            torch._dynamo.reset()
+            counters.clear()
+            cnt = CompileCounter()
+            torch.compile(output_returned, backend=cnt)(None, x)
+        self.assertEqual(cnt.frame_count, 0)
+
+
+class CompiledAutogradHandleTests(HookResidualsTestCase):
+    """Real handles for hooks on intermediates that compiled autograd calls."""
+
+    @parametrize("case", list(ESCAPING_CASES))
+    def test_compiled_autograd_escaping_handle_is_real(self, case):
+        # The hook is called from the frame's BackwardState: its handle is a
+        # real one (the protocol records the kinds of returned and stored
+        # handles), removing it clears the hook there, and nothing breaks.
+        fn, remove_first = ESCAPING_CASES[case]
+        self.check_matches_eager(fn, "compiled_autograd", 0, remove_first)
+
+    def test_compiled_autograd_removed_handle_keeps_the_gradient(self):
+        # remove() of the BackwardState handle before backward: the hook does
+        # not run and the gradient passes unchanged.
+        backend = torch.compile(backend="aot_eager")
+        x = torch.randn(2, 3, requires_grad=True)
+        # Compiled autograd must also be on while the forward is traced.
+        with compiled_autograd._enable(backend):
+            y, h = torch.compile(intermediate_returned, backend="aot_eager")(None, x)
+            self.assertIsInstance(h, RemovableHandle)
+            h.remove()
+            y.sum().backward()
+        self.assertEqual(x.grad, 2 * torch.cos(x * 2))
+        self.assertEqual(sum(counters["graph_break"].values()), 0)
+
+
+class InputHandleTests(HookResidualsTestCase):
+    """RemovableHandles from outside the frame, guarded on their type."""
+
+    @parametrize("mode", ("eager", "aot_eager"))
+    @parametrize("case", list(ESCAPING_CASES))
+    def test_escaping_handle_reaches_the_resume_function(self, case, mode):
+        # Without compiled autograd, the registration runs eagerly at a graph
+        # break: the real handle is an input of the resume function.
+        fn, remove_first = ESCAPING_CASES[case]
+        self.check_matches_eager(fn, mode, 1, remove_first)
+
+    @parametrize("mode", MODES)
+    @parametrize("case", list(INPUT_HANDLE_CASES))
+    def test_input_handle_matches_eager(self, case, mode):
+        fn, expected_breaks, remove_first = INPUT_HANDLE_CASES[case]
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
+
+    def test_input_handle_is_guarded_on_its_type(self):
+        # A handle from outside the frame is only passed along: a new handle
+        # each call does not recompile, and the caller gets it back.
+        def fn(x, h):
+            return x.sin(), h
+
+        failures = []
+        cnt = CompileCounter()
+        compiled = torch._dynamo.optimize(cnt, nopython=True, guard_fail_fn=failures.append)(fn)
+        x = torch.randn(2, 3, requires_grad=True)
+        for _ in range(3):
+            h = x.register_hook(double)
+            y, back = compiled(x, h)
+            self.assertIs(back, h)
+            self.assertEqual(y, x.sin())
+            h.remove()
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(failures, [])
+        compiled(x, None)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(len(failures), 1)
+        self.assertIn("___check_type_id(h, ", failures[0].reason)
+
+    def test_input_handle_removal_runs_once(self):
+        # remove() of a handle from outside the frame: the hook is gone after
+        # each call, as in eager, and the frame compiles (no silent fallback).
+        def fn(x, h):
+            h.remove()
+            return x * 2
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        x = torch.randn(2, 3, requires_grad=True)
+        for _ in range(3):
+            h = x.register_hook(double)
+            self.assertEqual(compiled(x, h), x * 2)
+            self.assertEqual(num_hooks(x), 0)
+        compiled(x, x.register_hook(double)).sum().backward()
+        self.assertEqual(x.grad, torch.full_like(x, 2))
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(sum(counters["unimplemented"].values()), 0)
+
+
+class HandleRemovalTests(HookResidualsTestCase):
+    """remove() of a handle from outside the frame, replayed after the graph."""
+
+    @parametrize("mode", MODES)
+    @parametrize("case", list(REMOVAL_CASES))
+    def test_removal_cases_match_eager(self, case, mode):
+        fn, expected_breaks, remove_first = REMOVAL_CASES[case]
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
 
     def test_reregister_does_not_recompile_per_handle(self):
         # Handles from outside the frame are guarded on their type, not identity.
@@ -1059,17 +1187,11 @@ class HookResidualsTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(len(lin._state_dict_pre_hooks), 0)
         self.assertEqual(cnt.frame_count, 1)
 
-    def test_config_off_keeps_behaviour_without_this_patch(self):
-        x = torch.randn(2, 3, requires_grad=True)
-        with torch._dynamo.config.patch(hook_residuals=False):
-            torch._dynamo.reset()
-            counters.clear()
-            cnt = CompileCounter()
-            torch.compile(output_returned, backend=cnt)(None, x)
-        self.assertEqual(cnt.frame_count, 0)
-
 
 instantiate_parametrized_tests(HookResidualsTests)
+instantiate_parametrized_tests(CompiledAutogradHandleTests)
+instantiate_parametrized_tests(InputHandleTests)
+instantiate_parametrized_tests(HandleRemovalTests)
 
 
 if __name__ == "__main__":

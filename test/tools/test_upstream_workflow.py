@@ -372,10 +372,10 @@ class NativeOwnershipTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_container_guard.h")
 
     def test_source_claimed_twice_or_outside_csrc(self):
-        later = self.native_patch("0012")
+        later = self.native_patch("0015")
         original = later.read_text()
         later.write_text(original.replace("Upstream-Status:", "Native-File: csrc/guard_accel.cpp\nUpstream-Status:", 1))
-        self.assertFailsWith(self.dynapatch("check"), 1, "csrc/guard_accel.cpp is claimed by 0008-", later.name)
+        self.assertFailsWith(self.dynapatch("check"), 1, "csrc/guard_accel.cpp is claimed by 0011-", later.name)
         later.write_text(original.replace("Upstream-Status:", "Native-File: setup.py\nUpstream-Status:", 1))
         self.assertFailsWith(self.dynapatch("check"), 1, "Native-File setup.py is not a C/C++ source under csrc/")
 
@@ -406,7 +406,7 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertEqual(shared.text_at(2), text)
 
     def test_selectors_are_checked(self):
-        self.edit_trailer("0011", "::ModuleScalarTests::test_float_*", "::ModuleScalarTests::test_nothing_*")
+        self.edit_trailer("0014", "::ModuleScalarTests::test_float_*", "::ModuleScalarTests::test_nothing_*")
         self.assertFailsWith(self.dynapatch("check"), 1, "test_module_scalars.py::ModuleScalarTests::test_nothing_* "
                              "matches no test")
 
@@ -434,23 +434,23 @@ class TestsTravelTest(ProjectCopyTestCase):
         proc = self.dynapatch("export-prs", str(out))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
-        # 0002 adds test_module_scalars.py without 0011's float cases; 0011 adds them to it.
+        # 0002 adds test_module_scalars.py without 0014's float cases; 0014 adds them to it.
         self.assertIn("+    def test_counter_compiles_once(self):", mbox["0002"])
         self.assertNotIn("def test_float_decay_compiles_once(self)", mbox["0002"])
-        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox["0011"])
+        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox["0014"])
         self.assertIn("python -m pytest test/dynamo/test_module_scalars.py::ModuleScalarTests::"
-                      "test_float_decay_compiles_once", mbox["0011"])
+                      "test_float_decay_compiles_once", mbox["0014"])
         # 0002's expected-count edits of upstream's test_modules.py travel in its PR.
         self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox["0002"])
         self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox["0002"])
-        # 0008 carries the native sources at pytorch paths, the build list entry and the port notes.
-        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0008"])
-        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0008"])
-        self.assertIn("LeafGuard subclass", mbox["0008"])
-        self.assertIn("GuardDebugInfo", mbox["0008"])
+        # 0011 carries the native sources at pytorch paths, the build list entry and the port notes.
+        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0011"])
+        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0011"])
+        self.assertIn("LeafGuard subclass", mbox["0011"])
+        self.assertIn("GuardDebugInfo", mbox["0011"])
         for number, text in mbox.items():
             self.assertNotIn("Patch-Name:", text.split("\n---\n", 1)[0], number)
-            self.assertNotIn("csrc/dynamo/", text if number != "0008" else "", number)
+            self.assertNotIn("csrc/dynamo/", text if number != "0011" else "", number)
 
 
 class StackTestTest(ProjectCopyTestCase):
