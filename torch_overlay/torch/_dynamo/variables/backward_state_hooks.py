@@ -12,7 +12,7 @@ frame still restarts the trace with a graph break at ``register_hook``, as
 without compiled autograd.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 from torch.utils.hooks import RemovableHandle
 

@@ -27,7 +27,7 @@ in the trace, kept in the SpeculationLog):
   in the resume function, where it is an input.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 
