@@ -182,7 +182,7 @@ class DecayInt(Decay):
 
 class DecayPow(Decay):
     """`**` is a binary operator, where Dynamo cannot graph-break: the attribute is
-    traced as stock Dynamo traces it."""
+    traced as Dynamo traces it without this patch."""
 
     def forward(self, x):
         self.temp *= 0.9
@@ -415,7 +415,7 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 1)
 
     def test_value_escaping_into_list(self):
-        # The list grows, so its length guard recompiles as in stock; what matters is
+        # The list grows, so its length guard recompiles as without this patch; what matters is
         # that the residual writes plain ints, equal to eager's, into it.
         model = RecordSteps()
         eager = RecordSteps()
@@ -434,10 +434,10 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
             eager.n = compiled.n = n
             x = torch.randn(6, 4)
             self.assertEqual(compiled_fn(x), eager(x))
-        # Stock behaviour: one specialization per value seen, no restart, no SymInt.
+        # As without this patch: one specialization per value seen, no restart, no SymInt.
         self.assertEqual(cnt.frame_count, 2)
 
-    def test_plain_object_argument_keeps_stock_behaviour(self):
+    def test_plain_object_argument_keeps_default_behaviour(self):
         cnt = CompileCounter()
         compiled_fn = torch.compile(plain_fn, backend=cnt)
         eager_state, compiled_state = PlainState(), PlainState()
@@ -532,7 +532,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         return sum(n for k, n in counters["graph_break"].items() if "mutated nn.Module float" in k)
 
     def test_float_decay_compiles_once(self):
-        # Stock: 2 frames with the eager backend, 8 (the recompile limit) with
+        # Without this patch: 2 frames with the eager backend, 8 (the recompile limit) with
         # aot_eager, where _tensorify_python_scalars specializes the SymFloat.
         for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
             torch._dynamo.reset()
@@ -577,7 +577,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         self.assertEqual(cnt.frame_count, 1)
 
     def test_float_in_tensor_methods(self):
-        # Stock: 2 frames (eager backend), 6 (aot_eager), and wrong under inductor.
+        # Without this patch: 2 frames (eager backend), 6 (aot_eager), and wrong under inductor.
         for backend, calls in (
             (CompileCounter(), 6),
             (CompileCounterWithBackend("aot_eager"), 6),
@@ -614,7 +614,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
     def test_float_branch_guards_the_relation(self):
         # `self.temp < 0.5` is decided under a guard on that relation of the value's
         # Python expression: one recompile when temp passes 0.5 (the 7th call), no
-        # graph break, no guard on the value. Stock: 3 frames (eager backend), 8 (aot_eager).
+        # graph break, no guard on the value. Without this patch: 3 frames (eager backend), 8 (aot_eager).
         for backend in (CompileCounter(), CompileCounterWithBackend("aot_eager")):
             torch._dynamo.reset()
             counters.clear()
@@ -625,19 +625,19 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             self.assertIn("not ((self.temp * 0.9) < 0.5)", reasons)
 
     def test_float_escaping_into_list(self):
-        # The list grows, so its length guard recompiles as in stock.
+        # The list grows, so its length guard recompiles as without this patch.
         self.run_float(DecayRecord, CompileCounter(), calls=5)
 
     def test_float_unsupported_uses_fall_back_soundly(self):
         # (model, frames over 6 calls, graph breaks)
         cases = [
-            (DecayExp, 3, 1),  # math.exp: graph break at the call (stock: 6 frames)
-            (DecayInt, 3, 1),  # int(): graph break at the call (stock: 2 frames)
+            (DecayExp, 3, 1),  # math.exp: graph break at the call (without this patch: 6 frames)
+            (DecayInt, 3, 1),  # int(): graph break at the call (without this patch: 2 frames)
             # A binary operator, where Dynamo cannot graph-break: restart with the
-            # attribute specialized, one compile per value (stock: 2 frames, as a
+            # attribute specialized, one compile per value (without this patch: 2 frames, as a
             # SymFloat, which inductor writes back stale for DecayPow).
             (DecayPow, 6, 0),
-            # An integer tensor operand is cast as the op casts it: traced (stock: 2).
+            # An integer tensor operand is cast as the op casts it: traced (without this patch: 2).
             (DecayIntTensor, 1, 0),
         ]
         for cls, frames, breaks in cases:
@@ -647,7 +647,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             self.assertEqual((cnt.frame_count, self.float_graph_breaks()), (frames, breaks), cls.__name__)
 
     def test_float_specialized_fallback_is_right_under_inductor(self):
-        # Stock 2.13 writes back a stale temp here from the third call.
+        # Unpatched 2.13 writes back a stale temp here from the third call.
         cnt = self.run_float(DecayPow, CompileCounterWithBackend("inductor"), calls=4)
         self.assertEqual(cnt.frame_count, 4)
 
@@ -741,7 +741,7 @@ GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'
 TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>
 LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
 
-    def test_read_only_float_keeps_stock_behaviour(self):
+    def test_read_only_float_keeps_default_specialization(self):
         eager, compiled = ScaleReadOnly(), ScaleReadOnly()
         cnt = CompileCounter()
         compiled_fn = torch.compile(compiled, backend=cnt)
@@ -749,10 +749,10 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
             eager.scale = compiled.scale = scale
             x = torch.randn(3, 4)
             self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0)
-        # Stock: specialized on the first compile, a SymFloat after the first change.
+        # Without this patch: specialized on the first compile, a SymFloat after the first change.
         self.assertEqual(cnt.frame_count, 2)
 
-    def test_float_switches_off_restore_stock_behaviour(self):
+    def test_float_switches_off_restore_default_behaviour(self):
         for patch in (
             {"dynamic_mutated_module_floats": False},
             {"dynamic_mutated_module_scalars": False},
@@ -782,7 +782,7 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
             # the graph before the break and the resume function's
             self.assertEqual(cnt.frame_count, 2, backend)
 
-    def test_switch_off_restores_stock_specialization(self):
+    def test_switch_off_restores_default_specialization(self):
         with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):
             cnt = self.run_both(Counter, CompileCounter(), self.inputs((3,) * 4))
         self.assertEqual(cnt.frame_count, 4)

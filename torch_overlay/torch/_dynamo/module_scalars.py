@@ -21,7 +21,7 @@ the SymInt (``self.step * 3``, the graph input itself) gets a guard that it fits
 int64 unless the shape environment knows it does (_Int64Check). One that does not
 fit on the frame's values restarts analysis with the attribute specialized for good.
 
-Attributes that are only read keep stock specialization. The marks are kept on the
+Attributes that are only read stay specialized, as without this module. The marks are kept on the
 frame's PGO ``CodeState`` so they survive recompiles (and, with PGO, processes).
 Each attribute restarts a trace at most twice: it is marked before the restart.
 """
@@ -184,7 +184,7 @@ def raise_on_zero_int_divisor(tx: InstructionTranslatorBase, fn: Any, args: list
         return
     sym = divisor.sym_num
     if not isinstance(sym, torch.SymInt) or not sym.node.has_hint():
-        return  # unbacked: no value to decide on (stock behaviour)
+        return  # unbacked: no value to decide on (specialized as without this module)
     if isinstance(dividend, SymNodeVariable):
         if dividend.python_type() not in (int, float) or not dividend.sym_num.node.has_hint():
             return
@@ -202,7 +202,7 @@ def raise_on_zero_int_divisor(tx: InstructionTranslatorBase, fn: Any, args: list
 
 
 def _original_value(item: VariableTracker, name: str) -> Any:
-    # Only instance attributes: a class-level default shadowed by the store is left to stock.
+    # Only instance attributes: a class-level default shadowed by the store is left to the default wrapping.
     instance_dict = getattr(getattr(item, "value", None), "__dict__", None)
     if not isinstance(instance_dict, dict):
         return None

@@ -1,7 +1,7 @@
 """Float attributes of nn.Modules that a compiled frame mutates, traced as 0-d float64
 tensor graph inputs.
 
-Stock Dynamo specializes a float attribute on its value on the first compile and makes
+Without this module Dynamo specializes a float attribute on its value on the first compile and makes
 it a SymFloat once it has changed (automatic dynamic). A decay such as
 ``self.temp *= 0.9`` so compiles twice, guards with ``not math.isnan(...)`` (a Python
 lambda at the root of the guard tree), and under AOTAutograd the SymFloat the graph
@@ -59,9 +59,9 @@ fullgraph: the rest of the frame then runs with the real float). Where it cannot
 (binary and unary operators, truth tests, loops, fullgraph=True), the attributes the value
 derives from are recorded as specialized for the frame and analysis restarts: they are
 then specialized on their value (CONSTANT_MATCH, a recompile per value as with
-specialize_float), never made SymFloats, which stock makes them after a change but
+specialize_float), never made SymFloats, which Dynamo otherwise makes them after a change but
 which _tensorify_python_scalars specializes per value anyway and inductor can write back
-stale (``self.temp *= 0.9; return x * self.temp ** 2`` on stock 2.13). They are never
+stale (``self.temp *= 0.9; return x * self.temp ** 2`` on unpatched 2.13). They are never
 marked again, so each attribute restarts a trace at most twice.
 
 Marks are keyed by the original frame's code, also when the frame is a resume function
@@ -147,7 +147,7 @@ def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, v
 
 def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
     """The marked float attribute at builder.source as a ModuleFloatVariable holding a
-    0-d float64 tensor graph input, or None to leave it to stock wrapping."""
+    0-d float64 tensor graph input, or None to leave it to the default wrapping."""
     tensor = builder.tx.output.unspec_variable_map.get(builder.name)
     if tensor is None:
         tensor = builder.wrap_float_as_tensor_input(value, item_symbol=False)
@@ -394,7 +394,7 @@ def _unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], c
         "math functions, ...), which then runs with the real float.",
         hints=[
             "Keep the value as a tensor (a buffer) if it steers control flow, or set "
-            "torch._dynamo.config.dynamic_mutated_module_scalars = False to trace it as stock "
+            "torch._dynamo.config.dynamic_mutated_module_scalars = False to trace it as unpatched "
             "Dynamo does (specialized, recompiling when it changes).",
             *graph_break_hints.SUPPORTABLE,
         ],
@@ -469,7 +469,7 @@ def call_builtin(
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
     """BuiltinVariable(fn)(*args, **kwargs) when an argument is a ModuleFloatVariable.
-    Returns None for the calls the stock handlers do right on it (isinstance, type)."""
+    Returns None for the calls the default handlers do right on it (isinstance, type)."""
     from .builder import wrap_fx_proxy
 
     if fn in (isinstance, type):
