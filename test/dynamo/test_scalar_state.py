@@ -37,14 +37,18 @@ class StepStateOpt(torch.optim.Optimizer):
 class EmaStateOpt(StepStateOpt):
     """A float EMA of the lr kept in per-parameter state (timm LaProp)."""
 
+    @staticmethod
+    def update_ema_lr(state, group):
+        if len(state) == 0:
+            state["ema_lr"] = 0.0
+        state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                if len(state) == 0:
-                    state["ema_lr"] = 0.0
-                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                self.update_ema_lr(state, group)
                 p.sub_(p.grad * state["ema_lr"])
 
 
@@ -233,7 +237,7 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 3)
 
 
-class EmaLrOpt(StepStateOpt):
+class EmaLrOpt(EmaStateOpt):
     """timm LaProp's step size: a float EMA of the lr in per-parameter state, compared
     with 0. and passed to the kernel as ``alpha=``."""
 
@@ -242,14 +246,12 @@ class EmaLrOpt(StepStateOpt):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                if len(state) == 0:
-                    state["ema_lr"] = 0.0
-                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                self.update_ema_lr(state, group)
                 step_size = group["lr"] / state["ema_lr"] if state["ema_lr"] != 0.0 else 0.0
                 p.add_(p.grad, alpha=-step_size)
 
 
-class EmaWarmupOpt(StepStateOpt):
+class EmaWarmupOpt(EmaStateOpt):
     """A branch on a float EMA that flips once (the EMA of the lr passes half the lr)."""
 
     @torch.no_grad()
@@ -257,9 +259,7 @@ class EmaWarmupOpt(StepStateOpt):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                if len(state) == 0:
-                    state["ema_lr"] = 0.0
-                state["ema_lr"] = state["ema_lr"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                self.update_ema_lr(state, group)
                 if state["ema_lr"] > 0.5 * group["lr"]:
                     p.sub_(p.grad * state["ema_lr"])
                 else:
