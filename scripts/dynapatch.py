@@ -607,7 +607,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-wheel", type=Path, help="use this base wheel file instead of pip download")
     p.add_argument("--verify", action="store_true",
                    help="then git am the mboxes onto a repo of the base's sources and, after each PR, run the "
-                        "tests it carries from that tree (slow: about 35 minutes for all on 2 loaded cores)")
+                        "tests it carries from that tree (slow: 13 minutes for all 22 on 2 lightly loaded cores)")
     p.add_argument("--patch", action="append", metavar="NAME",
                    help="with --verify: only the PR of this patch (Patch-Name, file name or number; repeatable)")
     p.add_argument("--timeout", type=float, default=3600, help="with --verify: seconds per PR (default 3600)")
