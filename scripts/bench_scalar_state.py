@@ -125,7 +125,7 @@ def import_torchvision_tolerant(strict: bool) -> str | None:
     import torch.library
 
     try:
-        import torchvision  # noqa: F401
+        import torchvision  # imported only to learn whether it loads
 
         return None
     except RuntimeError as e:
@@ -300,7 +300,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
             if note:
                 result["notes"].append(note)
             import timm
-            import timm.optim  # noqa: F401
+            import timm.optim  # imported only to learn whether it loads
 
             # Importing timm.optim (its kron module) sets torch._dynamo.config.cache_size_limit
             # = 1_000_000: imported here, before --recompile-limit is set below, or the timm
@@ -312,7 +312,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
             import pytorch_optimizer  # noqa: F401
 
             result["notes"].append(f"pytorch-optimizer {version('pytorch_optimizer')}")
-    except Exception as e:  # noqa: BLE001 - any import failure means: skip this case
+    except Exception as e:  # any import failure means: skip this case
         result["skipped"] = f"{spec.package} does not import: {type(e).__name__}: {str(e).splitlines()[0]}"
         return result
 
@@ -349,7 +349,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
                 from torch._dynamo.symbolic_convert import InstructionTranslator
 
                 code = InstructionTranslator.current_tx().f_code.co_name
-            except Exception:  # noqa: BLE001 - only a label
+            except Exception:  # only a label
                 code = "?"
             compiles.append((current_step[0], code))
             return super().__call__(gm, example_inputs)
@@ -422,7 +422,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
                     max_diff = max(max_diff, worst)
                     if d:
                         differences[part] = f"step {step + 1}: {d}"
-    except Exception as e:  # noqa: BLE001 - reported as this side's error
+    except Exception as e:  # reported as this side's error
         import traceback
 
         result["error"] = f"step {len(times) + 1}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

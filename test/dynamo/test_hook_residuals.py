@@ -30,7 +30,6 @@ from torch.testing._internal.common_utils import (
 )
 from torch.utils.hooks import RemovableHandle
 
-
 FIRED = []
 
 
@@ -636,7 +635,7 @@ FORWARD = "RemovableHandle.remove() of a module forward hook"
 
 
 def in_every_mode(frames, breaks, fallbacks=0):
-    return {mode: (frames, breaks, fallbacks) for mode in MODES}
+    return dict.fromkeys(MODES, (frames, breaks, fallbacks))
 
 
 # kind -> mode -> (frames compiled, graph breaks by type, silent fallbacks) over

@@ -474,7 +474,7 @@ GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
 LAMBDA_GUARD: 3 + 3*L['self'].step >= -9223372036854775808
 LAMBDA_GUARD: 3 + 3*L['self'].step <= 9223372036854775807
-LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)  # noqa: E501
 
         torch._dynamo.reset()
         eager, compiled = TripleStep(), TripleStep()
@@ -739,7 +739,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         self.assertExpectedInline(step_guard_lines(DivideComputed.forward, "temp"), """\
 GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'), type=<class 'float'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>
-LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)
+LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)  # noqa: E501
 
     def test_read_only_float_keeps_default_specialization(self):
         eager, compiled = ScaleReadOnly(), ScaleReadOnly()
@@ -820,7 +820,7 @@ class ModuleScalarGuardTests(torch._dynamo.test_case.TestCase):
         self.assertExpectedInline(step_guard_lines(Counter.forward), """\
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
-LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)  # noqa: E501
 
     def test_parity_guards_on_the_relation_only(self):
         model = torch.compile(Parity(), backend="eager")
@@ -835,7 +835,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806
 GuardManager: source=L['self'].step, accessed_by=DictGetItemGuardAccessor('step'), type=<class 'int'>, tag_safe=(False, False)
 TYPE_MATCH: ___check_type_id(L['self'].step, <id>), type=<class 'int'>
 LAMBDA_GUARD: ((1 + L['self'].step) % 2) != 0
-LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)
+LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", skip=1)  # noqa: E501
 
     def test_decay_guards_have_no_value_equality_and_no_nan_lambda(self):
         model = torch.compile(Decay(), backend="aot_eager")
@@ -843,7 +843,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             model(torch.randn(3, 4))
         self.assertExpectedInline(step_guard_lines(Decay.forward, "temp"), """\
 GuardManager: source=L['self'].temp, accessed_by=DictGetItemGuardAccessor('temp'), type=<class 'float'>, tag_safe=(False, False)
-TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>""", skip=1)
+TYPE_MATCH: ___check_type_id(L['self'].temp, <id>), type=<class 'float'>""", skip=1)  # noqa: E501
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
         (entry,) = _debug_get_cache_entry_list(Decay.forward)

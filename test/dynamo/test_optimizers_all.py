@@ -11,7 +11,6 @@ import torch._dynamo.test_case
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-
 OPTIMIZERS = {
     "SGD": {"lr": 0.1, "momentum": 0.9},
     "Adam": {"lr": 0.01},
@@ -183,7 +182,8 @@ class AllOptimizersTests(torch._dynamo.test_case.TestCase):
                         set_grads(compiled_params, i)
                         eager.step()
                         step()
-                        self.check_step(eager, compiled, eager_params, compiled_params, (name, foreach) in BITWISE_WITHOUT_PATCH, i)
+                        bitwise = (name, foreach) in BITWISE_WITHOUT_PATCH
+                        self.check_step(eager, compiled, eager_params, compiled_params, bitwise, i)
                         self.assertLessEqual(cnt.frame_count, bound[i], msg=f"after step {i}")
                     self.assertLessEqual(sum(counters["graph_break"].values()), GRAPH_BREAKS_WITHOUT_PATCH)
 

@@ -34,7 +34,6 @@ import torch
 
 from . import config
 
-
 if TYPE_CHECKING:
     from .source import Source
     from .symbolic_convert import InstructionTranslatorBase
@@ -52,7 +51,7 @@ def stores_enabled() -> bool:
     return enabled() and config.dynamic_stored_scalars
 
 
-def _entered_value(vt: "VariableTracker | None") -> tuple[Any, "Source | None"]:
+def _entered_value(vt: VariableTracker | None) -> tuple[Any, Source | None]:
     """The Python number `vt` holds if it entered the frame at a sourced place and the
     frame has not replaced it, with that source; else (None, None)."""
     from .variables.constant import ConstantVariable
@@ -69,7 +68,7 @@ def _entered_value(vt: "VariableTracker | None") -> tuple[Any, "Source | None"]:
     return None, None
 
 
-def on_store_attr(item: "VariableTracker", name: str, value: "VariableTracker") -> None:
+def on_store_attr(item: VariableTracker, name: str, value: VariableTracker) -> None:
     """SideEffects.store_attr of `value` to `item.name`, item not an nn.Module (whose
     attributes module_scalars and module_float handle): mark and restart when a number
     that entered the frame on a sourced object gets a new value."""
@@ -87,7 +86,7 @@ def on_store_attr(item: "VariableTracker", name: str, value: "VariableTracker") 
         _mark_if_changed(AttrSource(item.source, name), old, value)
 
 
-def on_store_subscr(container: "VariableTracker", key: "VariableTracker", value: "VariableTracker") -> None:
+def on_store_subscr(container: VariableTracker, key: VariableTracker, value: VariableTracker) -> None:
     """STORE_SUBSCR ``container[key] = value``: mark and restart when a number that
     entered the frame in a sourced dict entry or list slot gets a new value."""
     from .variables.dicts import ConstDictVariable
@@ -110,7 +109,7 @@ def on_store_subscr(container: "VariableTracker", key: "VariableTracker", value:
         _mark_if_changed(source, old, value)
 
 
-def _mark_if_changed(source: "Source", old: Any, value: "VariableTracker") -> None:
+def _mark_if_changed(source: Source, old: Any, value: VariableTracker) -> None:
     from .module_scalars import mark_stored_int
     from .variables.module_float import mark_stored_float
 
@@ -120,7 +119,7 @@ def _mark_if_changed(source: "Source", old: Any, value: "VariableTracker") -> No
         mark_stored_float(source, old, value)
 
 
-def _changes_make_dynamic(source: "Source") -> bool:
+def _changes_make_dynamic(source: Source) -> bool:
     from .module_scalars import enabled
     from .source import ChainedSource, is_from_defaults
 
@@ -133,7 +132,7 @@ def _changes_make_dynamic(source: "Source") -> bool:
     )
 
 
-def is_changed_scalar(tx: "InstructionTranslatorBase", source: "Source", value: int, entry: Any) -> bool:
+def is_changed_scalar(tx: InstructionTranslatorBase, source: Source, value: int, entry: Any) -> bool:
     """True if the int `value` at `source`, specialized by Dynamo whatever automatic
     dynamic says (is_int_specialization_case), has been seen to change between
     compiles (`entry` is its FrameStateSizeEntry) and is at an object's attribute or
@@ -151,7 +150,7 @@ def is_changed_scalar(tx: "InstructionTranslatorBase", source: "Source", value: 
     )
 
 
-def changed_scalar_hint(source: "Source", hint: str | None) -> str | None:
+def changed_scalar_hint(source: Source, hint: str | None) -> str | None:
     """The recompile hint of the value guard on such an int: say that a change makes
     it dynamic (shown with the guard failure that recompiles)."""
     if not _changes_make_dynamic(source):
@@ -162,7 +161,7 @@ def changed_scalar_hint(source: "Source", hint: str | None) -> str | None:
     )
 
 
-def wrap_changed_scalar(builder: "VariableBuilder", value: int) -> "VariableTracker":
+def wrap_changed_scalar(builder: VariableBuilder, value: int) -> VariableTracker:
     from .module_scalars import wrap_mutated_module_scalar
 
     recompiles_log.info("%s changed between calls: it is now traced as a dynamic SymInt", builder.source.name)
@@ -258,7 +257,7 @@ def on_dict_method_store(
 # tensor as it reads a wrapped Python number).
 
 
-def changed_float_guard(source: "Source", value: float, entry: Any) -> Any:
+def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
     """The guard on a float at `source` that wrap_symfloat specializes because automatic
     dynamic has not seen it change yet (`entry`, its FrameStateSizeEntry): its value
     guard, with a recompile hint saying that a change makes it a SymFloat where one
@@ -294,7 +293,7 @@ def _changes_enabled() -> bool:
     return enabled() and config.automatic_dynamic_changed_scalars
 
 
-def _float_dtype(vals: Any) -> "torch.dtype | None":
+def _float_dtype(vals: Any) -> torch.dtype | None:
     """The one floating dtype of a tensor or of a non-empty list of tensors, else None."""
     vals = vals if isinstance(vals, (list, tuple)) else [vals]
     dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
@@ -304,7 +303,7 @@ def _float_dtype(vals: Any) -> "torch.dtype | None":
     return dtype if dtype.is_floating_point else None
 
 
-def _call(graph: "torch.fx.Graph", fake_mode: Any, op: Any, *args: Any, **kwargs: Any) -> "torch.fx.Node":
+def _call(graph: torch.fx.Graph, fake_mode: Any, op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
     """A new node `op(*args, **kwargs)` with its fake value. (Casts are
     prims.convert_element_type, as the pass's own: this graph is decomposed already.)"""
     new = graph.call_function(op, args, kwargs)
@@ -314,8 +313,8 @@ def _call(graph: "torch.fx.Graph", fake_mode: Any, op: Any, *args: Any, **kwargs
 
 
 def tensorify_scalar_argument(
-    graph: "torch.fx.Graph",
-    node: "torch.fx.Node",
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
     fake_mode: Any,
     interp: Any,
     tensorified_symbols: set[Any],
@@ -377,7 +376,7 @@ def tensorify_scalar_argument(
     except NotImplementedError:
         return False
 
-    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> torch.fx.Node:
         return _call(graph, fake_mode, op, *op_args, **op_kwargs)
 
     # lerp takes its weight in the tensors' dtype; the rest in their computation dtype
@@ -406,8 +405,8 @@ def tensorify_scalar_argument(
 
 
 def _tensorify_alpha(
-    graph: "torch.fx.Graph",
-    node: "torch.fx.Node",
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
     fake_mode: Any,
     interp: Any,
     tensorified_symbols: set[Any],
@@ -433,7 +432,7 @@ def _tensorify_alpha(
     except NotImplementedError:
         return False
 
-    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> "torch.fx.Node":
+    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> torch.fx.Node:
         return _call(graph, fake_mode, op, *op_args, **op_kwargs)
 
     compute = get_computation_dtype(dtype)

@@ -26,7 +26,6 @@ from .constant import ConstantVariable
 from .intermediate_hooks import refuse_in_subgraph
 from .user_defined import RemovableHandleVariable
 
-
 if TYPE_CHECKING:
     from ..codegen import PyCodegen
     from ..symbolic_convert import InstructionTranslatorBase
