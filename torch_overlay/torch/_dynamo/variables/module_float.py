@@ -94,11 +94,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Instructions at which an Unsupported becomes a graph break (break_graph_if_unsupported).
-_GRAPH_BREAKABLE = frozenset(
-    {"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX",
-     "COMPARE_OP", "STORE_ATTR", "STORE_SUBSCR"}
-)
+
+@functools.cache
+def _graph_breaking_handler_code() -> Any:
+    """The code of the wrapper that symbolic_convert.break_graph_if_unsupported puts around
+    an instruction handler (every wrapper it makes shares it): an Unsupported raised inside
+    such a handler becomes a graph break. Asking the decorator itself keeps the set of
+    graph-breakable instructions upstream's."""
+    from ..symbolic_convert import break_graph_if_unsupported
+
+    return break_graph_if_unsupported(push=False, msg_prefix="")(lambda self, inst: None).__code__
+
+
+def _breaks_graph_if_unsupported(tx: InstructionTranslatorBase, opname: str) -> bool:
+    handler = getattr(type(tx), opname, None)
+    return getattr(handler, "__code__", None) is _graph_breaking_handler_code()
 
 
 def enabled() -> bool:
@@ -368,7 +378,7 @@ def _can_graph_break(tx: InstructionTranslatorBase) -> bool:
     inst = getattr(root, "current_instruction", None)
     return (
         inst is not None
-        and inst.opname in _GRAPH_BREAKABLE
+        and _breaks_graph_if_unsupported(root, inst.opname)
         and root.should_compile_partial_graph()
         and not root.maybe_has_backedge()
     )
