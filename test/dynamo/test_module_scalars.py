@@ -369,6 +369,43 @@ def plain_fn(x, state):
     return x * state.step
 
 
+class ManyCounters(torch.nn.Module):
+    """`n` counters of the same module, each stepped by forward: `n` places marked by one trace."""
+
+    def __init__(self, n=150, start=0):
+        super().__init__()
+        self.names = [f"c{i}" for i in range(n)]
+        for i, name in enumerate(self.names):
+            setattr(self, name, start + i)
+
+    def forward(self, x):
+        for i, name in enumerate(self.names):
+            setattr(self, name, getattr(self, name) + i + 1)
+        return x * getattr(self, self.names[-1]) + getattr(self, self.names[0])
+
+
+class ManyDecays(ManyCounters):
+    def __init__(self, n=150):
+        super().__init__(n, start=1.0)
+
+    def forward(self, x):
+        for name in self.names:
+            setattr(self, name, getattr(self, name) * 0.5)
+        return x * getattr(self, self.names[-1]) + getattr(self, self.names[0])
+
+
+def add_after_break(x):
+    torch._dynamo.graph_break()
+    return x + 1
+
+
+class CounterThenInlinedBreak(Counter):
+    def forward(self, x):
+        self.step += 1
+        y = add_after_break(x)  # a graph break in an inlined call: a speculation restart
+        return y * self.step
+
+
 class ModuleScalarTests(torch._dynamo.test_case.TestCase):
     def run_both(self, cls, backend, inputs):
         """Call eager and compiled copies on the same inputs; compare every output and the
@@ -386,6 +423,53 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
 
     def inputs(self, rows=(3,) * 10):
         return [torch.randn(r, 4) for r in rows]
+
+    def restarts_of(self, fn):
+        """Run fn; return how many times a frame's trace restarted and the restart reasons
+        recorded in the compilation metrics."""
+        torch._dynamo.utils.clear_compilation_metrics()
+        with self.assertLogs("torch._dynamo.convert_frame", level="INFO") as logs:
+            fn()
+        restarts = sum(r.msg.startswith("Restarting analysis") for r in logs.records)
+        reasons = [r for m in torch._dynamo.utils.get_compilation_metrics() for r in m.restart_reasons or ()]
+        return restarts, reasons
+
+    def step_many(self, cls, calls=3):
+        eager, compiled = cls(), cls()
+        cnt = CompileCounter()
+        compiled_fn = torch.compile(compiled, backend=cnt)
+
+        def run():
+            for _ in range(calls):
+                x = torch.randn(3)
+                self.assertEqual(compiled_fn(x), eager(x))
+                values = [getattr(compiled, n) for n in compiled.names]
+                self.assertEqual(values, [getattr(eager, n) for n in eager.names])
+
+        return cnt, self.restarts_of(run)
+
+    def test_many_counters_restart_once(self):
+        # 150 places marked by one trace: one restart for all of them, not one per place (Dynamo
+        # gives up on a frame after 100 restarts and runs it eagerly).
+        cnt, (restarts, reasons) = self.step_many(ManyCounters)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(restarts, 1)
+        self.assertEqual(len(reasons), 1)
+        self.assertIn("L['self'].c0 is a scalar mutated in the frame (0 -> 1); tracing it symbolically", reasons[0])
+        self.assertIn("and 147 more places", reasons[0])
+
+    def test_float_many_decays_restart_once(self):
+        cnt, (restarts, reasons) = self.step_many(ManyDecays)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(restarts, 1)
+        self.assertEqual(len(reasons), 1)
+        self.assertIn("L['self'].c0 is a float mutated in the frame (1.0 -> 0.5)", reasons[0])
+
+    def test_counter_marked_before_a_speculation_restart(self):
+        # The trace marks self.step, then an inlined call graph-breaks: the restart that
+        # follows traces self.step symbolically (in the resume function too).
+        cnt = self.run_both(CounterThenInlinedBreak, CompileCounter(), self.inputs((3,) * 5))
+        self.assertEqual(cnt.frame_count, 2)
 
     def test_counter_compiles_once(self):
         cnt = self.run_both(Counter, CompileCounter(), self.inputs())

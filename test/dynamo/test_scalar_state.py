@@ -10,7 +10,7 @@ import math
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
-from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import guard_failures
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
@@ -123,12 +123,12 @@ def state_of(obj):
 
 
 class ScalarStateTests(torch._dynamo.test_case.TestCase):
-    def run_opt(self, cls, backend, calls=6, exact=True):
-        """Eager and compiled copies of an optimizer stepped alike: parameters, groups
-        and state equal after every call (tensor values bitwise unless exact=False, then
-        with the default tolerances); returns the backend."""
+    def run_opt(self, cls, backend, calls=6, exact=True, sizes=(4, 3)):
+        """Eager and compiled copies of an optimizer over parameters of `sizes` stepped
+        alike: parameters, groups and state equal after every call (tensor values bitwise
+        unless exact=False, then with the default tolerances); returns the backend."""
         torch.manual_seed(0)
-        params = [torch.randn(4, requires_grad=True), torch.randn(3, requires_grad=True)]
+        params = [torch.randn(n, requires_grad=True) for n in sizes]
         copies = [[p.detach().clone().requires_grad_() for p in params] for _ in range(2)]
         eager, compiled = cls(copies[0]), cls(copies[1])
         fn = torch.compile(opt_step, backend=backend)
@@ -153,6 +153,12 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
         # stores to state[p]['step'] and traces it as a SymInt. Without this patch: a
         # recompile per step.
         cnt = self.run_opt(StepStateOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_optimizer_int_steps_of_many_params_restart_once(self):
+        # 150 state[p]['step'] places, all marked by the second call's trace: one restart
+        # for all of them (Dynamo gives up on a frame after 100 restarts).
+        cnt = self.run_opt(StepStateOpt, CompileCounter(), calls=3, sizes=(2,) * 150)
         self.assertEqual(cnt.frame_count, 2)
 
     @parametrize("backend", ["eager", "aot_eager", "inductor"])

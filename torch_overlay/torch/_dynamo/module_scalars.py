@@ -8,7 +8,8 @@ runs eagerly (pytorch #115711, #128319, #140464).
 What tells the two apart is the frame itself: a counter is *stored to* with a new
 value. When ``SideEffects.store_attr`` sees a sourced module attribute of exact type
 int receive a different constant, we record the attribute's source name for
-the root frame's code and restart analysis. On the restarted trace (and on every
+the root frame's code; the trace restarts (once for all the places it marks, below).
+On the restarted trace (and on every
 later compile of that code), ``VariableBuilder.wrap_literal`` wraps the attribute as
 a DYNAMIC SymInt, so it is a graph input from the first compile; the new
 value is returned by the graph and written back by residual bytecode, as for any
@@ -23,11 +24,18 @@ fit on the frame's values restarts analysis with the attribute specialized for g
 
 Attributes that are only read stay specialized, as without this module. The marks are kept on the
 frame's PGO ``CodeState`` so they survive recompiles (and, with PGO, processes).
-Each attribute restarts a trace at most twice: it is marked before the restart.
+A frame restarts once for all the places its trace marks, not once per place (a
+frame stepping 1,000 counters would otherwise hit Dynamo's limit of 100 restarts): a
+mark is noted on the OutputGraph and the trace goes on with the place's constant,
+as without this module; it restarts before it compiles a graph
+(OutputGraph.compile_subgraph), or when it ends in an exception
+(restart_on_error_if_places_marked), so the restarted trace, which wraps every place
+marked so far, is the one compiled or refused. Each place is marked once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from typing import Any, TYPE_CHECKING
@@ -39,8 +47,11 @@ from . import config
 from .exc import raise_observed_exception, UnspecializeRestartAnalysis
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import sympy
 
+    from .output_graph import OutputGraph
     from .source import Source
     from .symbolic_convert import InstructionTranslatorBase
     from .variables.base import VariableTracker
@@ -210,8 +221,8 @@ def _original_value(item: VariableTracker, name: str) -> Any:
 
 
 def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
-    """Called for every attribute store; restarts analysis the first time a module
-    scalar is stored a new value, after marking it symbolic for this code."""
+    """Called for every attribute store; marks a module scalar symbolic for this code
+    the first time it is stored a new value (the trace then restarts)."""
     from .source import AttrSource
     from .variables.nn_module import UnspecializedNNModuleVariable
 
@@ -224,7 +235,8 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
 
 def mark_stored_int(source: Source, old: int, value: VariableTracker) -> None:
     """The int `old` that entered the frame at `source` is stored `value`: if that is
-    a different int constant, mark `source` symbolic for this code and restart."""
+    a different int constant, mark `source` symbolic for this code (the trace then
+    restarts)."""
     from .symbolic_convert import InstructionTranslator
 
     if not enabled() or config.specialize_int or not value.is_python_constant():
@@ -236,10 +248,44 @@ def mark_stored_int(source: Source, old: int, value: VariableTracker) -> None:
     source_name = source.name
     marked = _marked_names(tx)
     if source_name in marked:
-        return  # already symbolic on this trace path; never restart twice for one place
+        return  # already marked: each place is marked once
     marked.add(source_name)
-    log.debug("%s is mutated by the frame (%r -> %r): restarting with it symbolic", source_name, old, new)
-    raise UnspecializeRestartAnalysis(
-        f"{source_name} is a scalar mutated in the frame ({old!r} -> {new!r}); "
-        "tracing it as a symbolic value"
+    note_marked_place(
+        tx, f"{source_name} is a scalar mutated in the frame ({old!r} -> {new!r}); tracing it symbolically"
     )
+
+
+def note_marked_place(tx: InstructionTranslatorBase, reason: str) -> None:
+    """A place this trace read as a constant is now marked (`reason` says which and how
+    it is traced): the trace goes on and restarts before it compiles."""
+    log.debug("%s; restarting before the graph is compiled", reason)
+    tx.output.marked_scalar_places.append(reason)
+
+
+# Restart reasons name this many places, then count the rest.
+_MAX_NAMED_PLACES = 3
+
+
+def restart_for_marked_places(output: OutputGraph) -> UnspecializeRestartAnalysis:
+    """The restart of a trace that marked scalar places (one for all of them)."""
+    reasons = output.marked_scalar_places
+    named = "; ".join(reasons[:_MAX_NAMED_PLACES])
+    if len(reasons) > _MAX_NAMED_PLACES:
+        named += f"; and {len(reasons) - _MAX_NAMED_PLACES} more places"
+    return UnspecializeRestartAnalysis(named, restart_reason=named)
+
+
+@contextlib.contextmanager
+def restart_on_error_if_places_marked(output: OutputGraph) -> Iterator[None]:
+    """Around a frame's trace: a trace that marked places and then fails (an error, a
+    skipped frame, a speculation restart) restarts with them marked instead; what it
+    did after the marks used their stale constants. The restarted trace marks none of
+    them again, so it fails as it would have, if at all."""
+    try:
+        yield
+    except UnspecializeRestartAnalysis:
+        raise
+    except Exception as e:
+        if output.marked_scalar_places:
+            raise restart_for_marked_places(output) from e
+        raise

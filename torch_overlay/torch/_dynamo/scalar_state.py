@@ -10,10 +10,11 @@ mutable place:
 - Stores (``config.dynamic_stored_scalars``): a store of a new number to an int or
   float that entered the frame at a sourced place (an attribute of any object with a
   source, a dict entry, a list slot) marks the place on the frame's code state
-  (module_scalars.code_state: resume functions share their original frame's marks) and
-  restarts analysis; the restarted trace wraps it as module_scalars / module_float wrap
-  a marked module attribute (a DYNAMIC SymInt; a 0-d float64 tensor input), and the
-  new value is written back by the residual bytecode of the mutation. A place the frame
+  (module_scalars.code_state: resume functions share their original frame's marks); the
+  trace restarts once for all the places it marks, and the restarted trace wraps each as
+  module_scalars / module_float wrap a marked module attribute (a DYNAMIC SymInt; a 0-d
+  float64 tensor input), and the new value is written back by the residual bytecode of
+  the mutation. A place the frame
   created itself (``state['step'] = 0`` into an empty dict) has no source: it stays a
   constant.
 - Changes from outside (``config.automatic_dynamic_changed_scalars``): an int at an

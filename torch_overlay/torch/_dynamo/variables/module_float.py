@@ -10,7 +10,8 @@ value (and, with assume_static_by_default=False, a stale value under inductor).
 
 As for ints (module_scalars.py), the frame tells a mutated float apart by storing a new
 value to it: `unspecialize_on_store` marks the attribute's source on the root frame's
-PGO CodeState and restarts analysis. On the restarted trace the attribute becomes a
+PGO CodeState; the trace restarts once for all places it marks (module_scalars.py).
+On the restarted trace the attribute becomes a
 graph input passed as a 0-d float64 tensor (the tensor wrap_symfloat builds before its
 item(), without a backed item() symbol), held by a ModuleFloatVariable. The shape
 environment never sees the value: no guard on it, no NaN guard, nothing for
@@ -168,8 +169,8 @@ def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracke
 
 
 def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
-    """Called for every attribute store; restarts analysis the first time a float
-    instance attribute of a module gets a new constant value, after marking it."""
+    """Called for every attribute store; marks a float instance attribute of a module
+    the first time it gets a new constant value (the trace then restarts)."""
     from ..module_scalars import _original_value
     from ..source import AttrSource
     from .nn_module import UnspecializedNNModuleVariable
@@ -184,7 +185,8 @@ def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTrack
 def mark_stored_float(source: Source, old: float, value: VariableTracker) -> None:
     """The float `old` that entered the frame at `source` is stored `value`: if that
     is a different float constant (or a SymFloat), mark `source` as a tensor input
-    for this code and restart."""
+    for this code (the trace then restarts)."""
+    from ..module_scalars import note_marked_place
     from ..symbolic_convert import InstructionTranslator
     from .tensor import SymNodeVariable
 
@@ -211,12 +213,10 @@ def mark_stored_float(source: Source, old: float, value: VariableTracker) -> Non
         return  # a use the tensor form cannot trace: specialized for this frame
     marked = _names(tx, "mutated_module_floats")
     if source_name in marked:
-        return  # never restart twice for one place
+        return  # already marked: each place is marked once
     marked.add(source_name)
-    log.debug("%s is mutated by the frame (%r -> %s): restarting with it a tensor input", source_name, old, new)
-    raise UnspecializeRestartAnalysis(
-        f"{source_name} is a float mutated in the frame ({old!r} -> {new}); "
-        "tracing it as a float64 tensor input"
+    note_marked_place(
+        tx, f"{source_name} is a float mutated in the frame ({old!r} -> {new}); tracing it as a float64 tensor input"
     )
 
 
