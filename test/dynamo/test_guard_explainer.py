@@ -88,7 +88,7 @@ cache entry 0:
         5 dynamic-dim marker checks
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
-    self.step: 2 guards  [module scalar traced as SymInt (no value guard)]
+    self.step: 2 guards  [scalar place: SymInt]
         type of 1 object
         relation: -9223372036854775808 <= self.step <= 9223372036854775806""",  # noqa: E501
             skip=1,
@@ -188,7 +188,7 @@ tensor metadata of 1 Tensor (dtype float64): dtype, device, shape, stride, requi
             GuardLine("L['x']", "DUAL_LEVEL_MATCH", "___check_dual_level(0)", ""),
             GuardLine("L['x']", "SOME_FUTURE_GUARD", "f(x)", ""),
         ]
-        self.assertExpectedInline("\n".join(_summarise("x", lines, set())), """\
+        self.assertExpectedInline("\n".join(_summarise("x", lines, {})), """\
 x: 4 guards
     2 checks that always pass, 1 forward-AD dual level check, 1 some future check""")
 

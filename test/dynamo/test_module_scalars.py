@@ -406,6 +406,15 @@ class CounterThenInlinedBreak(Counter):
         return y * self.step
 
 
+def scalar_places_of(fn):
+    """The records (source name -> how it is traced) of the places marked for fn's code."""
+    from torch._dynamo.pgo import get_code_state
+
+    code = fn.__code__
+    states = [s for k, s in get_code_state().items() if (k.name, k.firstlineno) == (code.co_name, code.co_firstlineno)]
+    return {name: how for s in states for name, how in s.scalar_places.items()}
+
+
 class ModuleScalarTests(torch._dynamo.test_case.TestCase):
     def run_both(self, cls, backend, inputs):
         """Call eager and compiled copies on the same inputs; compare every output and the
@@ -474,6 +483,16 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
     def test_counter_compiles_once(self):
         cnt = self.run_both(Counter, CompileCounter(), self.inputs())
         self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(scalar_places_of(Counter.forward), {"L['self'].step": "SymInt"})
+
+    def test_float_place_recorded_and_explained(self):
+        from torch._dynamo.guard_explainer import explain_guards
+
+        model = torch.compile(Decay(), backend="eager")
+        for _ in range(3):
+            model(torch.randn(3))
+        self.assertEqual(scalar_places_of(Decay.forward), {"L['self'].temp": "float64 tensor"})
+        self.assertIn("self.temp: 1 guard  [scalar place: float64 tensor]", explain_guards(model))
 
     def test_counter_compiles_once_aot_eager(self):
         cnt = self.run_both(Counter, CompileCounterWithBackend("aot_eager"), self.inputs())
@@ -547,6 +566,10 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         reasons = [r.split("#")[0].strip() for r in guard_failures[NearInt64.forward.__code__]]
         self.assertIn("0/0: -9223372036854775808 <= self.up <= 9223372036854775806", reasons)
         self.assertIn(f"0/1: self.up == {2**63 - 1}", reasons)
+        # One record per place: each specialized once the graph computed beyond int64 from it.
+        self.assertEqual(
+            scalar_places_of(NearInt64.forward), dict.fromkeys(["L['self'].up", "L['self'].down"], "specialized int")
+        )
 
     def test_counter_int64_guards(self):
         # Each int the graph computes from the counter (the input, step + 1,

@@ -175,13 +175,13 @@ def _object_of_line(line: GuardLine) -> str:
     return user_object(line.source)
 
 
-def _mutated_module_scalars() -> set[str]:
-    try:
-        from .pgo import get_code_state
+def _scalar_places() -> dict[str, str]:
+    """How each scalar place a frame marked is traced (CodeState.scalar_places: source
+    name -> "SymInt", "float64 tensor", "specialized int", ...)."""
+    from .pgo import get_code_state
 
-        return {n for state in get_code_state().values() for n in getattr(state, "mutated_module_scalars", ())}
-    except Exception:
-        return set()
+    places = (getattr(state, "scalar_places", {}) for state in get_code_state().values())  # older profiles lack it
+    return {name: how for p in places for name, how in p.items()}
 
 
 def _unlocal(text: str) -> str:
@@ -241,7 +241,7 @@ def _describe_accelerated(lines: list[GuardLine], closure_vars: dict[str, Any]) 
     return parts
 
 
-def _summarise(obj: str, lines: list[GuardLine], scalars: set[str],
+def _summarise(obj: str, lines: list[GuardLine], scalars: dict[str, str],
                closure_vars: dict[str, Any] | None = None) -> list[str]:
     by_category = collections.defaultdict(list)
     for line in lines:
@@ -291,11 +291,7 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: set[str],
     features = sorted({m.group(1) for line in lines if (m := _FEATURE_SPEC.search(line.comment))})
     if accelerated:
         features.append("accelerated container guard")
-    features += [
-        "module scalar traced as SymInt (no value guard)"
-        for name in sorted(scalars)
-        if user_object(name) == obj and not by_category.get("value")
-    ][:1]
+    features += [f"scalar place: {how}" for name, how in sorted(scalars.items()) if user_object(name) == obj][:1]
     header = f"{obj}: {_plural(len(lines), 'guard')}"
     if features:
         header += f"  [{', '.join(features)}]"
@@ -330,7 +326,7 @@ def explain_entry(guard_manager: Any, *, full: bool = False) -> list[str]:
     groups: dict[str, list[GuardLine]] = collections.defaultdict(list)
     for line in lines:
         groups[_object_of_line(line)].append(line)
-    scalars = _mutated_module_scalars()
+    scalars = _scalar_places()
     counts = collections.Counter(line.category for line in lines)
     out = [
         f"{_plural(len(lines), 'guard')} on {_plural(len(groups), 'object')}: "

@@ -1,4 +1,5 @@
-"""Symbolic int attributes of nn.Modules that a compiled frame mutates.
+"""Scalar places a compiled frame keeps changing, traced symbolically: the mechanism,
+and nn.Module int attributes (the first kind of place and number it serves).
 
 Dynamo specializes int attributes of nn.Modules (EQUALS_MATCH on the value), which is
 right for configuration (head counts, sizes) and wrong for counters: a module doing
@@ -6,33 +7,43 @@ right for configuration (head counts, sizes) and wrong for counters: a module do
 runs eagerly (pytorch #115711, #128319, #140464).
 
 What tells the two apart is the frame itself: a counter is *stored to* with a new
-value. When ``SideEffects.store_attr`` sees a sourced module attribute of exact type
-int receive a different constant, we record the attribute's source name for
-the root frame's code; the trace restarts (once for all the places it marks, below).
-On the restarted trace (and on every
-later compile of that code), ``VariableBuilder.wrap_literal`` wraps the attribute as
-a DYNAMIC SymInt, so it is a graph input from the first compile; the new
-value is returned by the graph and written back by residual bytecode, as for any
-attribute mutation. Guards are then only what the shape environment needs: branches
-on the value (``step % 2 == 0``) guard on that relation, never on the value itself.
+value. The mechanism, which every kind of place and number goes through:
+
+- One store hook, `mark_stored(source, old, value)`: the number `old` entered the
+  frame at the sourced place `source`, which the frame stores `value` to. It calls the
+  marker registered for type(old): `mark_stored_int` here; variables/module_float.py
+  registers floats. Callers find the place: ``SideEffects.store_attr`` on a module
+  (`unspecialize_on_store`, here), scalar_state.py's stores to other objects, dict
+  entries and list slots.
+- One code state per frame (`code_state`): the PGO ``CodeState`` of the root frame's
+  code, or for a resume function after a graph break, the original frame's, so the
+  rest of the frame sees the same places marked; marks survive recompiles (and, with
+  PGO, processes).
+- One record per place (`scalar_places`: source name -> how it is traced): SYMINT,
+  SPECIALIZED_INT, or module_float's kinds. The builder reads it when it wraps the
+  place.
+- One restart per frame: a marker notes the mark on the OutputGraph
+  (`note_marked_place`) and the trace goes on with the place's constant, as without
+  this module; it restarts once, for every place it marked, before it compiles a graph
+  (OutputGraph.compile_subgraph) or when it ends in an exception
+  (`restart_on_error_if_places_marked`). One restart per place would make a frame
+  stepping 1,000 counters hit Dynamo's limit of 100 restarts.
+
+An int marked SYMINT is wrapped by ``VariableBuilder.wrap_literal`` as a DYNAMIC
+SymInt, so it is a graph input from the first compile; the new value is returned by
+the graph and written back by residual bytecode, as for any attribute mutation.
+Guards are then only what the shape environment needs: branches on the value
+(``step % 2 == 0``) guard on that relation, never on the value itself.
 
 Python ints do not overflow, inductor's kernels compute in int64: a value outside
 int64 is specialized as without this patch, and every int the graph computes from
 the SymInt (``self.step * 3``, the graph input itself) gets a guard that it fits in
 int64 unless the shape environment knows it does (_Int64Check). One that does not
-fit on the frame's values restarts analysis with the attribute specialized for good.
+fit on the frame's values restarts analysis with the place recorded SPECIALIZED_INT.
 
-Attributes that are only read stay specialized, as without this module. The marks are kept on the
-frame's PGO ``CodeState`` so they survive recompiles (and, with PGO, processes).
-A frame restarts once for all the places its trace marks, not once per place (a
-frame stepping 1,000 counters would otherwise hit Dynamo's limit of 100 restarts): a
-mark is noted on the OutputGraph and the trace goes on with the place's constant,
-as without this module; it restarts before it compiles a graph
-(OutputGraph.compile_subgraph), or when it ends in an exception
-(restart_on_error_if_places_marked), so the restarted trace, which wraps every place
-marked so far, is the one compiled or refused. Each place is marked once.
+Places that are only read stay specialized, as without this module. Each place is
+marked once.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +58,7 @@ from . import config
 from .exc import raise_observed_exception, UnspecializeRestartAnalysis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     import sympy
 
@@ -69,6 +80,11 @@ SCALAR_TYPES = (int,)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+# How a marked place is traced: its record in CodeState.scalar_places. A place has one
+# record; the first mark of a place of its type decides, a later one only specializes.
+SYMINT = "SymInt"  # a DYNAMIC SymInt graph input
+SPECIALIZED_INT = "specialized int"  # the graph computed an int beyond int64 from it
+
 
 def code_state(tx: InstructionTranslatorBase) -> Any:
     """The PGO CodeState that keeps the marks of the frame `tx` traces: its root
@@ -85,13 +101,14 @@ def code_state(tx: InstructionTranslatorBase) -> Any:
     return get_code_state()[CodeId.make(code, root.closure)]
 
 
-def _marked_names(tx: InstructionTranslatorBase, field: str = "mutated_module_scalars") -> set[str]:
+def scalar_places(tx: InstructionTranslatorBase) -> dict[str, str]:
+    """The records of the places marked for the frame `tx` traces: source name -> how
+    the place is traced (SYMINT, SPECIALIZED_INT, or a kind of variables/module_float.py)."""
     state = code_state(tx)
-    marked = getattr(state, field, None)
-    if marked is None:  # a CodeState unpickled from a profile written before the field existed
-        marked = set()
-        setattr(state, field, marked)
-    return marked
+    places = getattr(state, "scalar_places", None)
+    if places is None:  # a CodeState unpickled from a profile written before the field existed
+        places = state.scalar_places = {}
+    return places
 
 
 def enabled() -> bool:
@@ -108,8 +125,7 @@ def is_mutated_module_scalar(tx: InstructionTranslatorBase, source: Source, valu
         return False
     if not _INT64_MIN <= value <= _INT64_MAX:
         return False  # no int64 holds it: specialized
-    name = source.name
-    return name in _marked_names(tx) and name not in _marked_names(tx, "specialized_module_scalars")
+    return scalar_places(tx).get(source.name) == SYMINT
 
 
 def wrap_mutated_module_scalar(builder: VariableBuilder, value: int) -> VariableTracker:
@@ -125,7 +141,7 @@ def wrap_mutated_module_scalar(builder: VariableBuilder, value: int) -> Variable
     if new and isinstance(var, SymNodeVariable) and isinstance(var.sym_num, torch.SymInt):
         check = next((f for f in output.register_finalizer_fns if isinstance(f, _Int64Check)), None)
         if check is None:
-            check = _Int64Check(_marked_names(builder.tx, "specialized_module_scalars"))
+            check = _Int64Check(scalar_places(builder.tx))
             output.add_graph_finalizer(check)
         check.symbols[var.sym_num.node.expr] = builder.source.name
     return var
@@ -138,9 +154,9 @@ class _Int64Check:
     that it fits unless the shape environment knows it does; if one does not fit on
     this frame's values, analysis restarts with its scalars specialized."""
 
-    def __init__(self, specialized: set[str]) -> None:
+    def __init__(self, places: dict[str, str]) -> None:
         self.symbols: dict[sympy.Symbol, str] = {}
-        self.specialized = specialized
+        self.places = places
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         for module in gm.modules():
@@ -157,7 +173,7 @@ class _Int64Check:
         for fits in (value >= _INT64_MIN, value <= _INT64_MAX):
             if statically_known_true(fits) or (value.node.has_hint() and guard_bool(fits)):
                 continue
-            self.specialized.update(names)
+            self.places.update(dict.fromkeys(names, SPECIALIZED_INT))
             log.debug("%s computes %s beyond int64: restarting with them specialized", names, value)
             raise UnspecializeRestartAnalysis(
                 f"the graph computes {value} from {', '.join(names)} beyond int64; specializing them"
@@ -221,16 +237,31 @@ def _original_value(item: VariableTracker, name: str) -> Any:
 
 
 def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
-    """Called for every attribute store; marks a module scalar symbolic for this code
-    the first time it is stored a new value (the trace then restarts)."""
+    """Called for every attribute store; marks a module scalar for this code the first
+    time it is stored a new value (the trace then restarts)."""
     from .source import AttrSource
     from .variables.nn_module import UnspecializedNNModuleVariable
 
     if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
         return
-    old = _original_value(item, name)
-    if type(old) in SCALAR_TYPES:
-        mark_stored_int(AttrSource(item.source, name), old, value)
+    mark_stored(AttrSource(item.source, name), _original_value(item, name), value)
+
+
+# The marker of a place, by the type of the number that entered the frame there: ints
+# here, floats from variables/module_float.py (registered when the builder imports it).
+_MARKERS: dict[type, Callable[[Source, Any, VariableTracker], None]] = {}
+
+
+def register_marker(kind: type, marker: Callable[[Source, Any, VariableTracker], None]) -> None:
+    _MARKERS[kind] = marker
+
+
+def mark_stored(source: Source, old: Any, value: VariableTracker) -> None:
+    """The number `old` entered the frame at `source`, which is stored `value`: mark the
+    place as its type's marker decides. Every store hook comes here."""
+    marker = _MARKERS.get(type(old))
+    if marker is not None:
+        marker(source, old, value)
 
 
 def mark_stored_int(source: Source, old: int, value: VariableTracker) -> None:
@@ -246,10 +277,10 @@ def mark_stored_int(source: Source, old: int, value: VariableTracker) -> None:
         return
     tx = InstructionTranslator.current_tx()
     source_name = source.name
-    marked = _marked_names(tx)
-    if source_name in marked:
+    places = scalar_places(tx)
+    if places.get(source_name) in (SYMINT, SPECIALIZED_INT):
         return  # already marked: each place is marked once
-    marked.add(source_name)
+    places[source_name] = SYMINT
     note_marked_place(
         tx, f"{source_name} is a scalar mutated in the frame ({old!r} -> {new!r}); tracing it symbolically"
     )
@@ -289,3 +320,6 @@ def restart_on_error_if_places_marked(output: OutputGraph) -> Iterator[None]:
         if output.marked_scalar_places:
             raise restart_for_marked_places(output) from e
         raise
+
+
+register_marker(int, mark_stored_int)

@@ -34,6 +34,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 
 from . import config
+from .module_scalars import mark_stored
 
 if TYPE_CHECKING:
     from .source import Source
@@ -84,7 +85,7 @@ def on_store_attr(item: VariableTracker, name: str, value: VariableTracker) -> N
         return
     old = _original_value(item, name)
     if type(old) in (int, float):
-        _mark_if_changed(AttrSource(item.source, name), old, value)
+        mark_stored(AttrSource(item.source, name), old, value)
 
 
 def on_store_subscr(container: VariableTracker, key: VariableTracker, value: VariableTracker) -> None:
@@ -107,17 +108,7 @@ def on_store_subscr(container: VariableTracker, key: VariableTracker, value: Var
             old_vt = container.items[index]
     old, source = _entered_value(old_vt)
     if source is not None and type(old) in (int, float):
-        _mark_if_changed(source, old, value)
-
-
-def _mark_if_changed(source: Source, old: Any, value: VariableTracker) -> None:
-    from .module_scalars import mark_stored_int
-    from .variables.module_float import mark_stored_float
-
-    if type(old) is int:
-        mark_stored_int(source, old, value)
-    else:
-        mark_stored_float(source, old, value)
+        mark_stored(source, old, value)
 
 
 def _changes_make_dynamic(source: Source) -> bool:
@@ -140,14 +131,14 @@ def is_changed_scalar(tx: InstructionTranslatorBase, source: Source, value: int,
     in a container: it is then traced as a DYNAMIC SymInt. Not beyond int64, nor once
     the graph computed an int beyond int64 from it (module_scalars' _Int64Check
     specialized it): inductor computes SymInts in int64."""
-    from .module_scalars import _INT64_MAX, _INT64_MIN, _marked_names
+    from .module_scalars import _INT64_MAX, _INT64_MIN, scalar_places, SPECIALIZED_INT
     from .pgo import auto_dynamic
 
     return (
         entry.scalar is auto_dynamic
         and _changes_make_dynamic(source)
         and _INT64_MIN <= value <= _INT64_MAX
-        and source.name not in _marked_names(tx, "specialized_module_scalars")
+        and scalar_places(tx).get(source.name) != SPECIALIZED_INT
     )
 
 

@@ -9,7 +9,8 @@ returns for the write-back is specialized by _tensorify_python_scalars: one comp
 value (and, with assume_static_by_default=False, a stale value under inductor).
 
 As for ints (module_scalars.py), the frame tells a mutated float apart by storing a new
-value to it: `unspecialize_on_store` marks the attribute's source on the root frame's
+value to it: module_scalars' store hook hands the store to `mark_stored_float`, which
+marks the attribute's source on the root frame's
 PGO CodeState; the trace restarts once for all places it marks (module_scalars.py).
 On the restarted trace the attribute becomes a
 graph input passed as a 0-d float64 tensor (the tensor wrap_symfloat builds before its
@@ -81,6 +82,7 @@ import torch
 
 from .. import config, graph_break_hints
 from ..exc import raise_observed_exception, unimplemented, UnspecializeRestartAnalysis
+from ..module_scalars import register_marker
 from .base import VariableTracker
 
 if TYPE_CHECKING:
@@ -128,22 +130,22 @@ def _type_enabled(tx: InstructionTranslatorBase) -> bool:
     )
 
 
-def _names(tx: InstructionTranslatorBase, field: str) -> set[str]:
-    from ..module_scalars import code_state
+# How a marked float place is traced: its record in CodeState.scalar_places (module_scalars.py).
+FLOAT_TENSOR = "float64 tensor"  # a 0-d float64 tensor graph input
+SPECIALIZED_FLOAT = "specialized float"  # a use the tensor form cannot trace: specialized on its value
 
-    state = code_state(tx)
-    names = getattr(state, field, None)
-    if names is None:  # a CodeState unpickled from a profile written before the field existed
-        names = set()
-        setattr(state, field, names)
-    return names
+
+def _place(tx: InstructionTranslatorBase, source: Source) -> str | None:
+    from ..module_scalars import scalar_places
+
+    return scalar_places(tx).get(source.name)
 
 
 def is_mutated_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
     """True if `source` names a float module attribute this code is known to mutate."""
     if type(value) is not float or not enabled() or not _type_enabled(tx):
         return False
-    return source.name in _names(tx, "mutated_module_floats")
+    return _place(tx, source) == FLOAT_TENSOR
 
 
 def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
@@ -153,7 +155,7 @@ def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, v
     _tensorify_python_scalars and, under inductor, can be written back stale."""
     if type(value) is not float or not enabled():
         return False
-    return source.name in _names(tx, "specialized_module_floats")
+    return _place(tx, source) == SPECIALIZED_FLOAT
 
 
 def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
@@ -168,25 +170,11 @@ def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracke
     return ModuleFloatVariable(tensor, frozenset({builder.source.name}), expr, source=builder.source)
 
 
-def unspecialize_on_store(item: VariableTracker, name: str, value: VariableTracker) -> None:
-    """Called for every attribute store; marks a float instance attribute of a module
-    the first time it gets a new constant value (the trace then restarts)."""
-    from ..module_scalars import _original_value
-    from ..source import AttrSource
-    from .nn_module import UnspecializedNNModuleVariable
-
-    if not enabled() or not isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
-        return
-    old = _original_value(item, name)
-    if type(old) is float:
-        mark_stored_float(AttrSource(item.source, name), old, value)
-
-
 def mark_stored_float(source: Source, old: float, value: VariableTracker) -> None:
     """The float `old` that entered the frame at `source` is stored `value`: if that
     is a different float constant (or a SymFloat), mark `source` as a tensor input
     for this code (the trace then restarts)."""
-    from ..module_scalars import note_marked_place
+    from ..module_scalars import note_marked_place, scalar_places
     from ..symbolic_convert import InstructionTranslator
     from .tensor import SymNodeVariable
 
@@ -208,16 +196,17 @@ def mark_stored_float(source: Source, old: float, value: VariableTracker) -> Non
     tx = InstructionTranslator.current_tx()
     if not _type_enabled(tx):
         return
+    places = scalar_places(tx)
     source_name = source.name
-    if source_name in _names(tx, "specialized_module_floats"):
-        return  # a use the tensor form cannot trace: specialized for this frame
-    marked = _names(tx, "mutated_module_floats")
-    if source_name in marked:
-        return  # already marked: each place is marked once
-    marked.add(source_name)
+    if places.get(source_name) in (FLOAT_TENSOR, SPECIALIZED_FLOAT):
+        return  # already marked (or specialized for this frame): each place is marked once
+    places[source_name] = FLOAT_TENSOR
     note_marked_place(
         tx, f"{source_name} is a float mutated in the frame ({old!r} -> {new}); tracing it as a float64 tensor input"
     )
+
+
+register_marker(float, mark_stored_float)
 
 
 _ARITH = {
@@ -388,8 +377,9 @@ def _unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], c
     if not _can_graph_break(tx):
         # No graph break possible here: specialize these attributes on their value.
         origins = set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable)))
-        _names(tx, "specialized_module_floats").update(origins)
-        _names(tx, "mutated_module_floats").difference_update(origins)
+        from ..module_scalars import scalar_places
+
+        scalar_places(tx).update(dict.fromkeys(origins, SPECIALIZED_FLOAT))
         log.debug("%s: restarting with %s specialized", context, sorted(origins))
         raise UnspecializeRestartAnalysis(
             f"{context}: unsupported for a float64 tensor input; specializing {sorted(origins)}"
