@@ -12,6 +12,8 @@ Cases (steps: 20; scheduler cases: 30):
   torch_adamw          torch.optim.AdamW(foreach=True), no scheduler (the reference row)
   timm_laprop          timm.optim.LaProp          (float EMA of the lr in per-param state)
   timm_adabelief       timm.optim.AdaBelief       (int state[p]['step'], 0.999 ** step)
+  timm_adabelief_deep  the same over a 61-layer MLP: 122 state[p]['step'] places marked by
+                       one trace (more than Dynamo's 100 restarts if each restarted it)
   timm_adan            timm.optim.Adan            (param_groups[0]['step'])
   timm_madgrad         timm.optim.MADGRAD         (param_groups[0]['step'])
   po_lion              pytorch_optimizer.Lion     (param_groups[0]['step'])
@@ -105,6 +107,7 @@ CASES = {c.name: c for c in (
     Case("torch_adamw", None, False, 1, "torch.optim.AdamW(foreach=True)"),
     Case("timm_laprop", "timm", False, 2, "timm LaProp"),
     Case("timm_adabelief", "timm", False, 2, "timm AdaBelief"),
+    Case("timm_adabelief_deep", "timm", False, 2, "timm AdaBelief, 122 parameter tensors"),
     Case("timm_adan", "timm", False, 2, "timm Adan"),
     Case("timm_madgrad", "timm", False, 2, "timm MADGRAD"),
     Case("po_lion", "pytorch_optimizer", False, 2, "pytorch-optimizer Lion"),
@@ -205,10 +208,16 @@ def compare(a, b, path: str = "") -> tuple[str | None, float]:
     return None, 0.0
 
 
-def make_mlp():
+DEEP_LAYERS = 61  # the *_deep cases: 122 parameter tensors
+
+
+def make_mlp(case: str):
     import torch
 
     torch.manual_seed(0)
+    if case.endswith("_deep"):
+        hidden = [m for _ in range(DEEP_LAYERS - 1) for m in (torch.nn.Linear(16, 16), torch.nn.Tanh())]
+        return torch.nn.Sequential(*hidden, torch.nn.Linear(16, 4))
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 
 
@@ -228,7 +237,7 @@ def make_optimizer(case: str, params):
         import timm.optim
 
         cls = {"timm_laprop": timm.optim.LaProp, "timm_adabelief": timm.optim.AdaBelief,
-               "timm_adan": timm.optim.Adan, "timm_madgrad": timm.optim.MADGRAD}[case]
+               "timm_adan": timm.optim.Adan, "timm_madgrad": timm.optim.MADGRAD}[case.removesuffix("_deep")]
         return cls(params)
     import pytorch_optimizer
 
@@ -380,7 +389,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
 
         sides = (model_c, model_e)
     else:
-        model_e = make_mlp()
+        model_e = make_mlp(case)
         model_c = copy.deepcopy(model_e)
         opt_e, opt_c = make_optimizer(case, model_e.parameters()), make_optimizer(case, model_c.parameters())
         sched_e, sched_c = make_scheduler(case, opt_e, steps), make_scheduler(case, opt_c, steps)
