@@ -63,6 +63,7 @@ class _Timeline:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
+        self.graphs: list[Any] = []  # the GraphModules the marked call ran
         self.on = False
 
     def mark(self, what: str) -> None:
@@ -102,6 +103,8 @@ def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
             compiled = gm.forward
 
         def run(*args: Any) -> Any:
+            if timeline.on:
+                timeline.graphs.append(gm)
             timeline.mark("graph_start")
             out = compiled(*args)
             timeline.mark("graph_end")
@@ -159,16 +162,23 @@ def _cache_entries() -> list[Any]:
     return entries
 
 
-def _capture_guard_inputs(call: Any) -> list[tuple[Any, dict[str, Any]]]:
-    """(guard manager, frame locals) of every cache entry one call runs."""
+def _capture_guard_inputs(call: Any) -> list[tuple[Any, dict[str, Any], bool]]:
+    """(guard manager, frame locals, grad mode) of every cache entry one call runs.
+
+    The grad mode is the one the frame was entered with: torch.optim's step runs
+    under _use_grad's set_grad_enabled(False), and its guards check the global
+    state first, so a check under another grad mode fails at once and times
+    nothing (the step's guards then landed in "after")."""
+    import torch
+
     by_code = {id(e.code): e for e in _cache_entries()}
-    hits: list[tuple[Any, dict[str, Any]]] = []
+    hits: list[tuple[Any, dict[str, Any], bool]] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             entry = by_code.get(id(frame.f_code))
             if entry is not None:
-                hits.append((entry.guard_manager, dict(frame.f_locals)))
+                hits.append((entry.guard_manager, dict(frame.f_locals), torch.is_grad_enabled()))
 
     sys.setprofile(profile)
     try:
@@ -176,6 +186,33 @@ def _capture_guard_inputs(call: Any) -> list[tuple[Any, dict[str, Any]]]:
     finally:
         sys.setprofile(None)
     return hits
+
+
+def _time_guards(guard_inputs: list[tuple[Any, dict[str, Any], bool]], refresh: Any) -> tuple[int, bool]:
+    """Thread-CPU ns of one check of every captured guard, as the call runs them:
+    under the frame's grad mode, on fresh grads (refresh() untimed, before each).
+    Also whether every check passed (else the figure is not the call's guard cost)."""
+    import torch
+
+    total, passed = 0, True
+    for manager, f_locals, grad_mode in guard_inputs:
+        refresh()
+        with torch.set_grad_enabled(grad_mode):
+            start = time.thread_time_ns()
+            ok = manager.check(f_locals)
+            total += time.thread_time_ns() - start
+        passed &= bool(ok)
+    return total, passed
+
+
+def _time_graph_attrs(graphs: list[Any]) -> int:
+    """Thread-CPU ns of the graphs' get_attr loads (self.<name> on the GraphModule:
+    nn.Module.__getattr__ for every static tensor), part of the graph column."""
+    names = [(gm, node.target) for gm in graphs for node in gm.graph.nodes if node.op == "get_attr"]
+    start = time.thread_time_ns()
+    for gm, name in names:
+        getattr(gm, name)
+    return time.thread_time_ns() - start
 
 
 def _median_us(samples: list[float]) -> float:
@@ -216,12 +253,14 @@ def bench_torch(
     # Steady state.
     _set_grads(params, steps)
     guard_inputs = _capture_guard_inputs(compiled)
-    call_ns, before_ns, graph_ns, guard_ns = [], [], [], []
+    call_ns, before_ns, graph_ns, guard_ns, attr_ns = [], [], [], [], []
+    guards_passed = True
     for r in range(rounds):
         tot = bef = gra = 0
         for c in range(calls):
             _set_grads(params, steps + 1 + r * calls + c)
             timeline.events.clear()
+            timeline.graphs.clear()
             timeline.on = True
             start = time.thread_time_ns()
             compiled()
@@ -239,11 +278,16 @@ def bench_torch(
         call_ns.append(tot / calls)
         before_ns.append(bef / calls)
         graph_ns.append(gra / calls)
-        start = time.thread_time_ns()
-        for _ in range(calls):
-            for manager, f_locals in guard_inputs:
-                manager.check(f_locals)
-        guard_ns.append((time.thread_time_ns() - start) / calls)
+        gtot = 0
+        for c in range(calls):
+            ns, ok = _time_guards(guard_inputs, lambda: _set_grads(params, steps + 1 + r * calls + c))
+            gtot += ns
+            guards_passed &= ok
+        guard_ns.append(gtot / calls)
+        if backend == "eager":  # inductor's compiled callable does not load them this way
+            attr_ns.append(sum(_time_graph_attrs(timeline.graphs) for _ in range(calls)) / calls)
+        else:
+            attr_ns.append(0.0)
     recompiled_steady = counter.frame_count != frames_compiled
 
     # Eager opt.step() on an identical optimizer, same grads schedule.
@@ -260,7 +304,7 @@ def bench_torch(
         if r:  # round 0 initialises the state
             eager_ns.append(tot / calls)
 
-    call, before, graph, guard = map(_median_us, (call_ns, before_ns, graph_ns, guard_ns))
+    call, before, graph, guard, attrs = map(_median_us, (call_ns, before_ns, graph_ns, guard_ns, attr_ns))
     return {
         "kind": kind if backend == "eager" else f"{kind}-ind",
         "backend": backend,
@@ -274,6 +318,8 @@ def bench_torch(
         "guard_us": guard,
         "before_us": before,
         "graph_us": graph,
+        "graph_attr_us": attrs,
+        "guards_passed": guards_passed,
         "after_us": max(call - guard - before - graph, 0.0),
         "eager_us": _median_us(eager_ns),
     }
@@ -403,6 +449,15 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
                   if s else "")
         print(f"  N={p['n']:<5} {p['kind']:<8} {versus}"
               f"patched call/eager {p['call_us'] / p['eager_us']:4.2f}x  patched before+after {around:6.0f} ns/tensor")
+    print("where the patched call's time outside eager's work goes (ns per tensor): guard check, "
+          "graph get_attr loads (inside the graph column: nn.Module.__getattr__ per static tensor), before+after")
+    for p in patched["results"]:
+        n = p["n"]
+        flag = ("" if p.get("guards_passed", True)
+                else "  (! a guard check failed when timed apart: figure not the call's)")
+        print(f"  N={n:<5} {p['kind']:<8} guard {p['guard_us'] / n * 1e3:6.0f}  graph get_attr "
+              f"{p.get('graph_attr_us', 0.0) / n * 1e3:6.0f}  before+after "
+              f"{(p['before_us'] + p['after_us']) / n * 1e3:6.0f}{flag}")
     sizes = sorted({r["n"] for r in patched["results"]})
     if 1000 in sizes and 3000 in sizes:
         print("scaling N=3000 vs N=1000 (patched, ratio of per-tensor costs; linear = 1.00x):")

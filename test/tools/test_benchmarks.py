@@ -51,6 +51,11 @@ class BenchOptimizerStepTest(unittest.TestCase):
         self.assertEqual(sorted(kind for kind, _, _ in rows), ["adam", "adamw", "once", "sgd"], out)
         self.assertEqual([star for _, _, star in rows], ["", "", "", ""], out)
         self.assertIn("patched before+after", out)
+        # Every guard timed apart passes, as in the call (torch.optim's step guards run
+        # under _use_grad's grad mode); one line per row gives the guard and get_attr costs.
+        self.assertNotIn("a guard check failed", out)
+        costs = re.findall(r"^  N=12\s+([\w-]+)\s+guard\s+\d+  graph get_attr\s+\d+", out, re.MULTILINE)
+        self.assertEqual(sorted(costs), ["adam", "adamw", "once", "sgd"], out)
 
     def test_inductor_adam_row(self):
         out = run_script(
