@@ -27,6 +27,7 @@ mutable place:
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from typing import Any, TYPE_CHECKING
@@ -254,7 +255,6 @@ def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
     dynamic has not seen it change yet (`entry`, its FrameStateSizeEntry): its value
     guard, with a recompile hint saying that a change makes it a SymFloat where one
     makes it so (the other reasons wrap_symfloat specializes for never change)."""
-    import functools
     import math
 
     from .guards import GuardBuilder
@@ -302,6 +302,15 @@ def _call(graph: torch.fx.Graph, fake_mode: Any, op: Any, *args: Any, **kwargs: 
     with fake_mode:
         new.meta["val"] = op(*torch.fx.map_arg(args, lambda n: n.meta["val"]), **kwargs)
     return new
+
+
+def _symbol_node(interp: Any, sym: torch.SymFloat) -> torch.fx.Node | None:
+    """The graph node computing `sym` from the graph's symbols (the pass's interpreter
+    of its sympy expression), or None where the interpreter has no rule for it."""
+    try:
+        return interp(sym.node.expr).node
+    except NotImplementedError:
+        return None
 
 
 def tensorify_scalar_argument(
@@ -363,13 +372,10 @@ def tensorify_scalar_argument(
             return False
         if node.meta["val"].device.type != "cpu" or (tensor_index is None and "dtype" not in kwargs):
             return False
-    try:
-        value = interp(sym.node.expr).node
-    except NotImplementedError:
+    value = _symbol_node(interp, sym)
+    if value is None:
         return False
-
-    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> torch.fx.Node:
-        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
+    call = functools.partial(_call, graph, fake_mode)
 
     # lerp takes its weight in the tensors' dtype; the rest in their computation dtype
     cast_to = dtype if target in (aten.lerp.Scalar, aten.full.default) else get_computation_dtype(dtype)
@@ -419,13 +425,10 @@ def _tensorify_alpha(
     dtype = _float_dtype([a.meta.get("val") for a in node.args])
     if dtype is None or get_computation_dtype(dtype) != dtype:
         return False
-    try:
-        value = interp(sym.node.expr).node
-    except NotImplementedError:
+    value = _symbol_node(interp, sym)
+    if value is None:
         return False
-
-    def call(op: Any, *op_args: Any, **op_kwargs: Any) -> torch.fx.Node:
-        return _call(graph, fake_mode, op, *op_args, **op_kwargs)
+    call = functools.partial(_call, graph, fake_mode)
 
     compute = get_computation_dtype(dtype)
     if value.meta["val"].dtype != compute:
