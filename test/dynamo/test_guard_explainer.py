@@ -183,14 +183,17 @@ tensor metadata of 1 Tensor (dtype float64): dtype, device, shape, stride, requi
         from torch._dynamo.guard_explainer import _summarise, GuardLine
 
         lines = [
-            GuardLine("L['x']", "TRUE_MATCH", "True", ""),
-            GuardLine("L['x']", "TRUE_MATCH", "True", ""),
+            GuardLine("L['x']", "DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)", ""),
+            GuardLine("L['x']", "DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)", ""),
             GuardLine("L['x']", "DUAL_LEVEL_MATCH", "___check_dual_level(0)", ""),
             GuardLine("L['x']", "SOME_FUTURE_GUARD", "f(x)", ""),
+            # A bool flag's guard is a value check, not a constant verdict.
+            GuardLine("L['x']", "FALSE_MATCH", "L['x'].flag == False", ""),
         ]
         self.assertExpectedInline("\n".join(_summarise("x", lines, {})), """\
-x: 4 guards
-    2 checks that always pass, 1 forward-AD dual level check, 1 some future check""")
+x: 5 guards
+    value: x.flag == False
+    2 dispatch key set checks, 1 forward-AD dual level check, 1 some future check""")
 
         def kw(x, **kwargs):
             return x * kwargs["scale"]

@@ -38,6 +38,9 @@ KIND_CATEGORY = {
     "NOT_NONE_MATCH": "not None",
     "NOT_NONE": "not None",
     "NONE_MATCH": "value",
+    # `x == True` / `x == False` (a bool flag such as an optimizer's foreach)
+    "TRUE_MATCH": "value",
+    "FALSE_MATCH": "value",
     "DICT_CONTAINS": "contents",
     "DICT_KEYS_MATCH": "contents",
     "DICT_VERSION": "contents",
@@ -61,8 +64,6 @@ KIND_CATEGORY = {
 }
 # Guards of no category above, in words (a summary never shows a raw class name).
 OTHER_KIND_TEXT = {
-    "TRUE_MATCH": ("check that always passes", "checks that always pass"),
-    "FALSE_MATCH": ("check that always fails", "checks that always fail"),
     "DISPATCH_KEY_SET_MATCH": ("dispatch key set check", "dispatch key set checks"),
     "DUAL_LEVEL_MATCH": ("forward-AD dual level check", "forward-AD dual level checks"),
 }
