@@ -252,6 +252,7 @@ enum class Field : uint8_t {
   kInnerKeys, // kDictNested: the keys (or their order) of that dict changed
   kGradNone, // .grad is None, a tensor was expected
   kGradPresent, // .grad is a tensor, None was expected
+  kIdentity, // an identity record's element is another object
 };
 
 // Where a check failed, for the recompile reason.
@@ -292,6 +293,11 @@ struct Record {
   py::object key; // the dict key (dict containers; kDictNested: the inner key),
                   // else null
   int32_t grad = kGradUnchecked; // kGrad* or an index into grad_records_
+  // Non-zero: an identity record (what ID_MATCH checks): the element must be
+  // the object at this address, of the recorded type; no metadata is checked.
+  // The address is compared, never dereferenced, and the object is not kept
+  // alive (Dynamo's id_ref invalidates the guard when it dies).
+  uintptr_t identity = 0;
   // ma_version_tag of the instance __dict__ that last passed the marking check.
   // Dict versions are unique process-wide (a new or modified dict gets a new
   // one), so an equal version means the same, unmodified __dict__.
@@ -660,6 +666,17 @@ __attribute__((flatten)) bool TensorContainerGuard::check_record(
     }
     return false;
   };
+  if (r.identity != 0) {
+    if (reinterpret_cast<uintptr_t>(obj) != r.identity) {
+      return fail(Field::kIdentity);
+    }
+    // Same address and type: the grad check may unpack it.
+    if (Py_TYPE(obj) != r.type()) {
+      return fail(Field::kType);
+    }
+    return r.grad == kGradUnchecked ||
+        check_grad<kVerbose>(r, obj, ds, aliasing, out);
+  }
   if (Py_TYPE(obj) != r.type()) {
     return fail(Field::kType);
   }
@@ -1250,6 +1267,11 @@ std::string TensorContainerGuard::describe_fields(
        << _PyType_Name(Py_TYPE(m.value));
     return os.str();
   }
+  if (m.field == Field::kIdentity) {
+    os << "is another object than the " << _PyType_Name(r.type())
+       << " guarded by identity (ID_MATCH)";
+    return os.str();
+  }
   c10::TensorImpl* impl = THPVariable_Unpack(m.value).unsafeGetTensorImpl();
   switch (m.field) {
     case Field::kDispatchKeys: {
@@ -1429,15 +1451,24 @@ PyObject* guard_len(PyObject* self, PyObject* /*unused*/) {
 PyObject* guard_summary(PyObject* self, PyObject* /*unused*/) {
   GUARD_ACCEL_TRY
   TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
-  std::ostringstream os;
-  os << "tensor metadata of " << g->records_.size()
-     << " tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, "
-        "shape, stride, requires_grad, identity)";
-  size_t none = 0, present = 0, metadata = 0;
+  size_t none = 0, present = 0, metadata = 0, identity = 0;
   for (const Record& r : g->records_) {
+    identity += r.identity != 0;
     none += r.grad == kGradMustBeNone;
     present += r.grad == kGradMustBePresent;
     metadata += r.grad >= 0;
+  }
+  std::ostringstream os;
+  if (identity > 0 && identity == g->records_.size()) {
+    os << "identity of " << identity
+       << " tensors in one native TensorContainerGuard (as ID_MATCH: the same objects)";
+  } else {
+    os << "tensor metadata of " << g->records_.size()
+       << " tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, "
+          "shape, stride, requires_grad, identity)";
+    if (identity > 0) {
+      os << ", " << identity << " of them by identity only (as ID_MATCH)";
+    }
   }
   if (none + present + metadata > 0) {
     os << ", with the .grad of " << none + present + metadata << " of them (";
@@ -1788,6 +1819,18 @@ py::object make_tensor_container_guard(
     PyObject* tensor = e[2].ptr();
     if (!THPVariable_Check(tensor)) {
       throw py::type_error("element tensor must be a torch.Tensor");
+    }
+    if (e[3].is_none() && e[4].is_none()) {
+      r.pytype = py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
+      // An identity record: only `element is tensor` (and its .grad).
+      if (!e[5].is_none() || bool_arg(e[6], "element aliasing")) {
+        throw py::value_error(
+            "an identity record (sizes and strides None) takes no marks and no aliasing");
+      }
+      r.identity = reinterpret_cast<uintptr_t>(tensor);
+      r.grad = kGradUnchecked;
+      return utf8_arg(e[7], "element name");
     }
     const at::Tensor& t = THPVariable_Unpack(tensor);
     if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) {
@@ -2350,6 +2393,8 @@ void init_tensor_container_guard(py::module_& m) {
       py::handle(reinterpret_cast<PyObject*>(&GroupType));
   m.attr("TensorAliasingSlot") =
       py::handle(reinterpret_cast<PyObject*>(&SlotType));
+  // Identity records (sizes and strides None) are understood.
+  m.attr("IDENTITY_RECORDS") = true;
   m.attr("MARK_ATTRS") = py::make_tuple(
       kMarkAttrNames[0],
       kMarkAttrNames[1],
@@ -2367,7 +2412,9 @@ void init_tensor_container_guard(py::module_& m) {
       py::arg("aliasing_group"),
       "Build a TensorContainerGuard. kind: list, tuple, dict_lookup, dict_ordered or "
       "dict_nested; elements: (locator, key, tensor, sizes, strides, marks, aliasing, "
-      "name[, grad]) sorted by locator, sizes/strides entries None for dynamic dimensions, marks "
+      "name[, grad]) sorted by locator, sizes/strides entries None for dynamic dimensions "
+      "(sizes and strides both None: an identity record, which checks only that the element "
+      "is that tensor, by address, and its grad), marks "
       "None or one set-or-None per MARK_ATTRS entry, grad None, 'none', 'present' or the "
       "element record of the tensor's .grad. ordered_keys: dict_ordered, every "
       "key in order; dict_nested, None or {outer position: the inner dict's str keys in "

@@ -242,6 +242,23 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         compiled(params)
         self.assertEqual(cnt.frame_count, 1)
 
+    def test_grad_presence_alone_is_checked(self):
+        # The grads are only tested for None (NOT_NONE_MATCH, no TENSOR_MATCH):
+        # their record still checks presence.
+        def keep_with_grads(xs):
+            return [x * 2 for x in xs if x.grad is not None]
+
+        xs = make_params(16)
+        cnt = CompileCounter()
+        compiled = torch.compile(keep_with_grads, backend=cnt)
+        self.assertEqual(len(compiled(xs)), 16)
+        self.assertNotIn("GradGuardAccessor", str(_debug_get_cache_entry_list(keep_with_grads)[0].guard_manager))
+        xs[3].grad = None
+        out = compiled(xs)
+        self.assertEqual(len(out), 15)
+        self.assertEqual(out, keep_with_grads(xs))
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_each_field_change_fails_and_is_named(self):
         params = make_params(N, none_grads={5})
         opt, compiled, cnt, _ = compile_opt(params)
@@ -312,6 +329,167 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
                     restore()
         compiled()
         self.assertEqual(cnt.frame_count, 1)
+
+
+def make_torch_optim(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-3, foreach=False)
+
+
+def step_code(opt):
+    """The code object of a torch.optim step under its decorators."""
+    fn = type(opt).step
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn.__code__
+
+
+@requires_extension
+@instantiate_parametrized_tests
+class TorchOptimIdentityTests(torch._dynamo.test_case.TestCase):
+    """torch.optim's step guards its params, state buffers and step tensors by
+    identity (static addresses installed into the graph): identity records."""
+
+    def run_pair(self, kind, n, calls, between=None):
+        """Compiled and eager copies of one optimizer, stepped side by side."""
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(4, 4)) for _ in range(n)]
+        ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        opt, ref = make_torch_optim(kind, params), make_torch_optim(kind, ref_params)
+        cnt = CompileCounter()
+        compiled = torch.compile(opt.step, backend=cnt)
+        for i in range(calls):
+            for p, q in zip(params, ref_params):
+                p.grad = torch.full_like(p, 0.1 * (i + 1))
+                q.grad = p.grad.clone()
+            if between is not None:
+                between(i, opt, ref)
+            compiled()
+            ref.step()
+            for p, q in zip(params, ref_params):
+                self.assertEqual(p, q)
+            for s, r in zip(opt.state.values(), ref.state.values()):
+                self.assertEqual(list(s), list(r))
+                for k in s:
+                    self.assertEqual(s[k], r[k])
+        return opt, compiled, cnt
+
+    def cache_entries(self, opt):
+        return _debug_get_cache_entry_list(step_code(opt))
+
+    @parametrize("kind", ["sgd", "adam", "adamw"])
+    def test_step_guards_are_native_and_agree(self, kind):
+        opt, compiled, cnt = self.run_pair(kind, 16, 4)
+        frames = cnt.frame_count
+        tree = str(self.cache_entries(opt)[0].guard_manager)
+        # No per-tensor identity, grad or state-key leaves are left.
+        self.assertNotIn("['params'][3]", tree)
+        self.assertNotIn("GradGuardAccessor", tree)
+        self.assertNotIn("['momentum_buffer']", tree)
+        self.assertNotIn("['exp_avg']", tree)
+        self.assertIn("___tensor_container_nested_0(L['self'].state)", tree)
+        with config.patch(tensor_container_nested_guards=False):
+            torch._dynamo.reset()
+            opt_off, _, cnt_off = self.run_pair(kind, 16, 4)
+            tree_off = str(self.cache_entries(opt_off)[0].guard_manager)
+        self.assertEqual(cnt_off.frame_count, frames)
+        self.assertIn("GradGuardAccessor", tree_off)
+        self.assertGreater(tree_off.count("ID_MATCH"), 3 * 16)
+
+    @parametrize("kind", ["sgd", "adam"])
+    def test_identity_changes_fail_and_are_named(self, kind):
+        opt, compiled, cnt = self.run_pair(kind, 16, 3)
+        params = opt.param_groups[0]["params"]
+        p = params[11]
+        states = list(opt.state.values())
+        key = "momentum_buffer" if kind == "sgd" else "exp_avg"
+        buf = states[11][key]
+        q = torch.nn.Parameter(p.detach().clone())
+        group = "self.param_groups[0]['params']"
+
+        def add_key():
+            states[11]["extra"] = 1
+
+        cases = {
+            "param replaced": (
+                lambda: params.__setitem__(11, q), lambda: params.__setitem__(11, p),
+                f"{group}[11]: is another object than the Parameter guarded by identity (ID_MATCH)",
+            ),
+            "state buffer replaced": (
+                lambda: states[11].__setitem__(key, buf.clone()),
+                lambda: states[11].__setitem__(key, buf),
+                "is another object than the Tensor guarded by identity (ID_MATCH)",
+            ),
+            "grad None": (
+                lambda: setattr(p, "grad", None), None, f"{group}[11].grad: is None, expected a tensor",
+            ),
+            "state key added": (
+                add_key, lambda: states[11].pop("extra"), "the dict holding it changed keys",
+            ),
+        }
+        for field, (mutate, restore, reason) in cases.items():
+            with self.subTest(field=field):
+                for x in params:
+                    x.grad = torch.randn(4, 4)
+                mutate()
+                try:
+                    with config.patch(error_on_recompile=True):
+                        with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+                            compiled()
+                finally:
+                    if restore is not None:
+                        restore()
+        for x in params:
+            x.grad = torch.randn(4, 4)
+        frames = cnt.frame_count
+        compiled()
+        self.assertEqual(cnt.frame_count, frames)
+
+    @parametrize("kind", ["sgd", "adam"])
+    def test_changes_between_calls_match_eager(self, kind):
+        # A param swapped for a fresh one, a grad dropped, a state reset from
+        # outside: the compiled step follows eager and recompiles as often as it
+        # does with per-tensor guards.
+        def between(i, opt, ref):
+            for o in (opt, ref):
+                params = o.param_groups[0]["params"]
+                if i == 2:
+                    params[5].grad = None
+                if i == 3:
+                    o.state[params[7]] = {}
+                    del o.state[params[7]]
+                if i == 4:
+                    fresh = torch.nn.Parameter(params[9].detach().clone())
+                    fresh.grad = params[9].grad
+                    params[9] = fresh
+
+        frames = []
+        for native in (True, False):
+            torch._dynamo.reset()
+            with config.patch(tensor_container_nested_guards=native):
+                _, _, cnt = self.run_pair(kind, 12, 6, between)
+            frames.append(cnt.frame_count)
+        self.assertEqual(frames[0], frames[1])
+
+    def test_identity_record_argument_is_validated(self):
+        ext = guard_accel.extension()
+        t = torch.randn(2)
+        group = ext.TensorAliasingGroup()
+        with self.assertRaisesRegex(ValueError, "takes no marks and no aliasing"):
+            ext.make_tensor_container_guard(
+                "list", "xs", list, None, [(0, None, t, None, None, None, True, "xs[0]")], group
+            )
+        guard = ext.make_tensor_container_guard(
+            "list", "xs", list, None, [(0, None, t, None, None, None, False, "xs[0]")], group
+        )
+        self.assertTrue(guard([t]))
+        self.assertFalse(guard([t.clone()]))
+        self.assertFalse(guard([object()]))
+        self.assertFalse(guard([]))
+        self.assertIn("identity of 1 tensors in one native TensorContainerGuard (as ID_MATCH", guard.summary())
 
 
 def guard_nodes(node):

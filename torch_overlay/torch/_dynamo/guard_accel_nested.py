@@ -13,6 +13,16 @@ those, each O(N) nodes and O(N) work per call:
 * ``params[i] is list(dict.keys(state))[i]`` (DUPLICATE_INPUT), one Python
   ``is`` lambda per pair, built with ``ast`` at compile time.
 
+``torch.optim``'s own ``step`` guards the same objects by identity instead: its
+parameters, their state buffers and its ``step`` tensors are static addresses
+installed into the graph, so each gets an ID_MATCH leaf (plus NOT_NONE on
+every ``.grad`` and an EQUALS_MATCH per state key), about 5,000 leaves for
+1,000 parameters. Those become identity records of the same container guards:
+the element must be the recorded object (its address compared, as ID_MATCH
+does, with Dynamo's ``id_ref`` still invalidating the guard when it dies) and
+its grad present or None; a state dict's key guards become the check of its
+keys in order.
+
 This module extends the plan of ``guard_accel`` through its public API (a plan
 subclass, ``Container``, ``TensorRecord``, ``install_container_guard`` and
 ``install_aliasing_group``): a grad's guards become an
@@ -31,9 +41,12 @@ created as usual (``_create_unreplaced``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 from typing import Any, NamedTuple, TYPE_CHECKING
+
+import torch
 
 from . import config, guard_accel
 from .source import (
@@ -195,6 +208,84 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                 continue
             self._inner_types[id(guard)] = inner[guard.name]
             self._take(guard)
+        # A guard on every key by position (torch.optim's state, reached through
+        # DictGuardManagers) is what the check of the keys in order does.
+        for name, (inner_source, by_index) in _inner_key_guards(guards).items():
+            if name not in inner or not _all_keys_guarded(builder, inner_source, by_index):
+                continue
+            container, position = inner[name]
+            keys = tuple(builtin_dict_keys(builder.get(inner_source)))
+            if container.inner_keys.setdefault(position, keys) != keys:
+                continue
+            for guard in by_index.values():
+                self._inner_types[id(guard)] = (container, position)
+                self._take(guard)
+
+    # -- ID_MATCH'd tensors -------------------------------------------------
+
+    def plan_identity_records(
+        self, builder: GuardBuilder, guards: list[Guard], min_size: int
+    ) -> None:
+        """Identity records for the ID_MATCH'd tensors of lists and dicts of dicts.
+
+        Their records are made here (an ID_MATCH needs nothing from the guard's
+        creation); the ID_MATCH guards are taken.
+        """
+        tensor_matched = {g.name for g in guards if g.create_fn_name() == "TENSOR_MATCH"}
+        existing = {(c.name, c.kind): c for c in self.containers}
+        planned: dict[tuple[str, str], guard_accel.Container] = {}
+        found: dict[tuple[str, str], list[tuple[Guard, Any, Any, Any]]] = {}
+        for guard in guards:
+            if guard.create_fn_name() != "ID_MATCH" or guard.name in tensor_matched:
+                continue
+            value = builder.get(guard.originating_source)
+            if type(value) not in guard_accel.TENSOR_TYPES:
+                continue
+            located = _locate_identity(builder, guard.originating_source)
+            if located is None:
+                continue
+            base, kind, locator, key, inner, by_position = located
+            found.setdefault((base.name, kind), []).append(
+                (guard, value, (locator, key), inner, by_position)
+            )
+            if (base.name, kind) not in planned:
+                container = existing.get((base.name, kind))
+                if container is None:
+                    cls = NestedContainer if kind == "dict_nested" else guard_accel.Container
+                    container = cls(base, base.name, kind, builder.get(base))
+                planned[(base.name, kind)] = container
+        for where, items in found.items():
+            container = planned[where]
+            if where not in existing and len(items) < min_size:
+                continue
+            for guard, value, locator, inner, by_position in items:
+                # Lists locate by index, dicts of dicts by (position, inner key).
+                slot = locator if inner is not None else locator[0]
+                if slot in container.locators:
+                    continue  # a second source for one element keeps its own guard
+                if by_position:
+                    keys = tuple(builtin_dict_keys(builder.get(inner)))
+                    if container.inner_keys.setdefault(locator[0], keys) != keys:
+                        continue
+                container.locators.add(slot)
+                container.members[guard.name] = locator
+                self.route(guard.name, container)
+                if inner is not None:
+                    container.inner_sources[inner.name] = locator[0]
+                # What ID_MATCH does besides its check: the guard dies with the object.
+                builder.id_ref(value, guard.name)
+                container.records.append(
+                    guard_accel.TensorRecord(
+                        locator[0], locator[1], value, None, None, None, False, builder.arg_ref(guard)
+                    )
+                )
+                if not isinstance(value, torch.nn.Parameter):
+                    container.diff_source = True
+                if container.guard is None:
+                    container.guard = guard
+                self._take(guard)
+            if where not in existing and container.records:
+                self.containers.append(container)
 
     # -- identity pairs (DUPLICATE_INPUT) -------------------------------------
 
@@ -256,8 +347,10 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
             elif shadow is not None and shadow.records:
                 spec = shadow.records[0]
                 container.diff_source |= shadow.diff_source
-            elif plan.tensor_guard is not None and any(g is not plan.tensor_guard for g in plan.guards):
-                spec = "present"  # TENSOR_MATCH was not created (Dynamo skips it too)
+            elif any(g is not plan.tensor_guard for g in plan.guards):
+                # NOT_NONE_MATCH was taken; a TENSOR_MATCH, if any, was not
+                # created (Dynamo skips it too).
+                spec = "present"
             else:
                 spec = None
             grad_specs.setdefault(id(container), {})[locator] = spec
@@ -367,6 +460,90 @@ def _identity_item(builder: GuardBuilder, source: Source) -> IdentityItem | None
     return IdentityItem(path[0], path[1], keys, source.index)
 
 
+def _inner_key_guards(guards: list[Guard]) -> dict[str, tuple[Source, dict[int, Guard]]]:
+    """Per dict: its source and the EQUALS_MATCH guards on its keys by position."""
+    key_guards: dict[str, tuple[Source, dict[int, Guard]]] = {}
+    for guard in guards:
+        source = guard.originating_source
+        if (
+            guard.create_fn_name() == "EQUALS_MATCH"
+            and istype(source, ConstDictKeySource)
+            and type(source.index) is int
+        ):
+            key_guards.setdefault(source.base.name, (source.base, {}))[1][source.index] = guard
+    return key_guards
+
+
+def _all_keys_guarded(builder: GuardBuilder, source: Source, by_index: dict[int, Guard]) -> bool:
+    """Every key of the dict at source is exact str and has its own key guard."""
+    keys = tuple(builtin_dict_keys(builder.get(source)))
+    return all(type(k) is str for k in keys) and set(by_index) == set(range(len(keys)))
+
+
+def _locate_identity(
+    builder: GuardBuilder, source: Source
+) -> tuple[Source, str, int, Any, Source | None, bool] | None:
+    """(container source, kind, locator, inner key, inner dict source, by
+    position) of an ID_MATCH'd list/tuple item or dict-of-dicts value, or None.
+
+    A value reached by its key's position (``inner[list(dict.keys(inner))[k]]``,
+    how torch.optim's state is read) is by position: its record needs the check of
+    its dict's keys in order, which takes the values by position. That check is
+    stronger than the value's own guard (which leaves the keys to other guards):
+    a state dict whose keys change without its values changing recompiles.
+    """
+    by_position = False
+    if (
+        istype(source, DictGetItemSource)
+        and istype(source.index, ConstDictKeySource)
+        and source.index.base == source.base
+        and type(source.index.index) is int
+    ):
+        keys = list(builtin_dict_keys(builder.get(source.base)))
+        if not all(type(k) is str for k in keys) or source.index.index >= len(keys):
+            return None
+        source = DictGetItemSource(source.base, keys[source.index.index])
+        by_position = True
+    if istype(source, (GetItemSource, ListGetItemSource)):
+        if source.index_is_slice or type(source.index) is not int or source.index < 0:
+            return None
+        kind = {list: "list", tuple: "tuple"}.get(type(builder.get(source.base)))
+        if kind is None:
+            return None
+        return source.base, kind, source.index, None, None, False
+    inner = _nested_inner(builder, source)
+    if inner is None:
+        return None
+    return inner.base, "dict_nested", inner.index.index, source.index, inner, by_position
+
+
+def _nested_inner(builder: GuardBuilder, source: Source) -> Any:
+    """The inner dict's source of outer[ConstDictKey(i)][str key], if a dict_nested
+    container can check it, else None."""
+    if not istype(source, DictGetItemSource) or type(source.index) is not str:
+        return None
+    inner = source.base
+    if not istype(inner, DictGetItemSource) or not istype(inner.index, ConstDictKeySource):
+        return None
+    outer = inner.base
+    if inner.index.base != outer or type(inner.index.index) is not int:
+        return None
+    # The native walk reads the dict's own entries (PyDict_Next), as its
+    # DictGuardManager does: exact dicts, and defaultdict (torch.optim's state),
+    # whose order is the dict's own.
+    if type(builder.get(outer)) not in (dict, collections.defaultdict):
+        return None
+    if type(builder.get(inner)) is not dict:
+        return None
+    if not builder.requires_key_order_guarding(outer):
+        return None
+    # The guard needs a plain node for the dict (a DictGuardManager takes
+    # ID_MATCH leaves only).
+    if guard_accel.second_node_accessor(builder, outer) is None:
+        return None
+    return inner
+
+
 def _plan_nested(
     builder: GuardBuilder, guards: list[Guard], taken: set[str], min_size: int
 ) -> list[NestedContainer]:
@@ -379,29 +556,17 @@ def _plan_nested(
         if guard.create_fn_name() != "TENSOR_MATCH" or guard.name in taken:
             continue
         source = guard.originating_source
-        if not istype(source, DictGetItemSource) or type(source.index) is not str:
-            continue
-        inner = source.base
-        if not istype(inner, DictGetItemSource) or not istype(inner.index, ConstDictKeySource):
-            continue
-        outer = inner.base
-        if inner.index.base != outer or type(inner.index.index) is not int:
+        inner = _nested_inner(builder, source)
+        if inner is None:
             continue
         if match_on_id_for_tensor(guard) or source not in output_graph.input_source_to_sizes_strides:
             continue
         if config._unsafe_skip_fsdp_module_guards and guard.is_fsdp_module():
             continue
-        outer_value = builder.get(outer)
-        if type(outer_value) is not dict or type(builder.get(inner)) is not dict:
-            continue
-        if not builder.requires_key_order_guarding(outer):
-            continue
-        # The guard needs a plain node for the dict (a DictGuardManager takes
-        # ID_MATCH leaves only).
-        if guard_accel.second_node_accessor(builder, outer) is None:
-            continue
         if not guard_accel.supported_tensor(builder.get(source)):
             continue
+        outer = inner.base
+        outer_value = builder.get(outer)
         container = containers.get(outer.name)
         if container is None:
             container = containers[outer.name] = NestedContainer(
@@ -427,7 +592,8 @@ def plan_tensor_containers(
     if output_graph is None or output_graph.export:
         return base
     min_size = max(config.tensor_container_guard_min_size, 2)
-    tensor_guards = sum(1 for g in guards if g.create_fn_name() == "TENSOR_MATCH")
+    # ID_MATCH too: torch.optim's step guards its tensors by identity only.
+    tensor_guards = sum(1 for g in guards if g.create_fn_name() in ("TENSOR_MATCH", "ID_MATCH"))
     if tensor_guards < min_size:
         return base
     ext = guard_accel.extension()
@@ -442,10 +608,12 @@ def plan_tensor_containers(
     taken = {m for c in containers for m in c.members}
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = NestedTensorContainerPlan(ext, containers)
+    if getattr(ext, "IDENTITY_RECORDS", False):
+        plan.plan_identity_records(builder, guards, min_size)
     plan.plan_grads(builder, guards)
     plan.note_inner_type_guards(builder, guards)
     plan.plan_identity(builder, guards, min_size)
-    if not containers and not plan.identity_pairs:
+    if not plan.containers and not plan.identity_pairs:
         return None
     return plan
 
