@@ -339,12 +339,16 @@ def make_torch_optim(kind, params):
     return torch.optim.AdamW(params, lr=1e-3, foreach=False)
 
 
-def step_code(opt):
-    """The code object of a torch.optim step under its decorators."""
+def unwrapped_step(opt):
+    """A torch.optim step without its decorators."""
     fn = type(opt).step
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
-    return fn.__code__
+    return fn
+
+
+def step_code(opt):
+    return unwrapped_step(opt).__code__
 
 
 @requires_extension
@@ -599,7 +603,9 @@ class Mutator:
         rng, opt = self.rng, self.opt
         new = copy.copy(opt)
         new.param_groups = [dict(g, params=list(g["params"])) for g in opt.param_groups]
-        new.state = {k: dict(v) for k, v in opt.state.items()}
+        new.state = copy.copy(opt.state)  # its own type (torch.optim's: a defaultdict)
+        for key in new.state:
+            new.state[key] = dict(new.state[key])
         params = new.param_groups[0]["params"]
         undo = []
         for _ in range(rng.choice([1, 1, 1, 2])):
@@ -687,6 +693,51 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                     for u in reversed(undo):
                         u()
                 self.assertEqual(accel, per_tensor, f"seed {seed} case {case}")
+                outcomes[per_tensor] += 1
+            self.assertGreater(outcomes[True], self.CASES // 10)
+            self.assertGreater(outcomes[False], self.CASES // 4)
+
+
+    @requires_extension
+    def test_torch_optim_agrees_with_per_tensor_guards(self):
+        # torch.optim's own step: identity records instead of ID_MATCH leaves.
+        for seed in range(2):
+            params = make_params(24, none_grads={2, 11})
+            opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+            managers = {}
+            for native in (False, True):
+                # A copy of SGD.step's code per tree: both stay cached side by side.
+                step = unwrapped_step(opt)
+                step = types.FunctionType(
+                    step.__code__.replace(co_name=f"step_{native}"), step.__globals__,
+                    argdefs=step.__defaults__,
+                )
+                with config.patch(tensor_container_nested_guards=native), torch.no_grad():
+                    compiled = torch.compile(step, backend="eager")
+                    compiled(opt)
+                    compiled(opt)  # the first call filled the state
+                    managers[native] = _debug_get_cache_entry_list(step.__code__)[0].guard_manager
+            self.assertIn("___tensor_container_nested_0", managers[True].closure_vars)
+            self.assertNotIn("___tensor_container_nested_0", managers[False].closure_vars)
+            mutator = Mutator(random.Random(seed), opt)
+            outcomes = {True: 0, False: 0}
+            for case in range(self.CASES):
+                new, undo = mutator.case()
+                # The step guards the optimizer's identity: check the mutated
+                # containers in the optimizer itself.
+                saved = opt.state, opt.param_groups
+                opt.state, opt.param_groups = new.state, new.param_groups
+                undo.append(lambda: setattr(opt, "state", saved[0]))
+                undo.append(lambda: setattr(opt, "param_groups", saved[1]))
+                try:
+                    f_locals = {"self": opt, "closure": None}
+                    with torch.no_grad():
+                        per_tensor = managers[False].check(f_locals)
+                        native = managers[True].check(f_locals)
+                finally:
+                    for u in reversed(undo):
+                        u()
+                self.assertEqual(native, per_tensor, f"seed {seed} case {case}")
                 outcomes[per_tensor] += 1
             self.assertGreater(outcomes[True], self.CASES // 10)
             self.assertGreater(outcomes[False], self.CASES // 4)
