@@ -234,7 +234,8 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
         tensor_matched = {g.name for g in guards if g.create_fn_name() == "TENSOR_MATCH"}
         existing = {(c.name, c.kind): c for c in self.containers}
         planned: dict[tuple[str, str], guard_accel.Container] = {}
-        found: dict[tuple[str, str], list[tuple[Guard, Any, Any, Any]]] = {}
+        # (container name, kind) -> (guard, tensor, (locator, key), inner dict source, by position)
+        found: dict[tuple[str, str], list[tuple[Guard, Any, tuple[int, Any], Source | None, bool]]] = {}
         for guard in guards:
             if guard.create_fn_name() != "ID_MATCH" or guard.name in tensor_matched:
                 continue
