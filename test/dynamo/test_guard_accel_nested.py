@@ -1,6 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Native guards for grads, dicts of dicts and identity pairs (guard_accel_nested)."""
 
+import collections
 import copy
 import random
 import re
@@ -62,6 +63,14 @@ class ModulePlainSGD(torch.nn.Module, PlainSGD):
         PlainSGD.__init__(self, params, **kwargs)
 
 
+class DefaultdictPlainSGD(PlainSGD):
+    """PlainSGD whose state is a defaultdict, as torch.optim's is."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        self.state = collections.defaultdict(dict)
+
+
 def make_opt_class(base=PlainSGD):
     """A fresh OnceSGD class (own code objects, so its own Dynamo cache)."""
 
@@ -107,15 +116,18 @@ requires_extension = unittest.skipIf(
 
 
 @requires_extension
+@instantiate_parametrized_tests
 class NestedGuardTests(torch._dynamo.test_case.TestCase):
     def assert_recompile_reason(self, compiled, reason):
         with config.patch(error_on_recompile=True):
             with self.assertRaisesRegex(RecompileError, re.escape(reason)):
                 compiled()
 
-    def test_tree_is_compact(self):
+    @parametrize("base", [PlainSGD, DefaultdictPlainSGD], name_fn=lambda base: base.__name__)
+    def test_tree_is_compact(self, base):
+        # A defaultdict state (torch.optim's) is walked natively like a dict.
         params = make_params(64)
-        _, _, _, gm = compile_opt(params)
+        _, _, _, gm = compile_opt(params, opt=make_opt_class(base)(params))
         tree = str(gm)
         self.assertNotIn("TENSOR_MATCH", tree)
         self.assertNotIn("GradGuardAccessor", tree)
@@ -666,15 +678,17 @@ class Mutator:
         return new, undo
 
 
+@instantiate_parametrized_tests
 class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
     CASES = 300
 
     @requires_extension
-    def test_agrees_with_per_tensor_guards(self):
+    @parametrize("base", [PlainSGD, DefaultdictPlainSGD], name_fn=lambda base: base.__name__)
+    def test_agrees_with_per_tensor_guards(self, base):
         for seed in range(2):
             params = make_params(24, none_grads={2, 11})
             managers = {}
-            opt = make_opt_class()(params)
+            opt = make_opt_class(base)(params)
             for accel in (False, True):
                 torch._dynamo.reset()
                 _, _, _, managers[accel] = compile_opt(params, accel=accel, opt=opt)
