@@ -694,23 +694,27 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                 _, _, _, managers[accel] = compile_opt(params, accel=accel, opt=opt)
             self.assertIn("___tensor_container_identity", managers[True].closure_vars)
             self.assertNotIn("___tensor_container_identity", managers[False].closure_vars)
-            rng = random.Random(seed)
-            mutator = Mutator(rng, opt)
-            outcomes = {True: 0, False: 0}
-            for case in range(self.CASES):
-                new, undo = mutator.case()
-                try:
-                    f_locals = {"self": new}
-                    per_tensor = managers[False].check(f_locals)
-                    accel = managers[True].check(f_locals)
-                finally:
-                    for u in reversed(undo):
-                        u()
-                self.assertEqual(accel, per_tensor, f"seed {seed} case {case}")
-                outcomes[per_tensor] += 1
-            self.assertGreater(outcomes[True], self.CASES // 10)
-            self.assertGreater(outcomes[False], self.CASES // 4)
+            mutator = Mutator(random.Random(seed), opt)
+            self.assert_decisions_agree(seed, managers, mutator, lambda new, undo: {"self": new})
 
+    def assert_decisions_agree(self, seed, managers, mutator, frame_locals, grad_enabled=True):
+        """managers[True] (native) decides every random mutation as managers[False]
+        (per-tensor) does; frame_locals(copy, undo) gives the locals to check."""
+        outcomes = {True: 0, False: 0}
+        for case in range(self.CASES):
+            new, undo = mutator.case()
+            try:
+                f_locals = frame_locals(new, undo)
+                with torch.set_grad_enabled(grad_enabled):  # the frame's grad mode
+                    per_tensor = managers[False].check(f_locals)
+                    native = managers[True].check(f_locals)
+            finally:
+                for u in reversed(undo):
+                    u()
+            self.assertEqual(native, per_tensor, f"seed {seed} case {case}")
+            outcomes[per_tensor] += 1
+        self.assertGreater(outcomes[True], self.CASES // 10)
+        self.assertGreater(outcomes[False], self.CASES // 4)
 
     @requires_extension
     def test_torch_optim_agrees_with_per_tensor_guards(self):
@@ -733,28 +737,19 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                     managers[native] = _debug_get_cache_entry_list(step.__code__)[0].guard_manager
             self.assertIn("___tensor_container_nested_0", managers[True].closure_vars)
             self.assertNotIn("___tensor_container_nested_0", managers[False].closure_vars)
-            mutator = Mutator(random.Random(seed), opt)
-            outcomes = {True: 0, False: 0}
-            for case in range(self.CASES):
-                new, undo = mutator.case()
+
+            def in_the_optimizer(new, undo):
                 # The step guards the optimizer's identity: check the mutated
                 # containers in the optimizer itself.
                 saved = opt.state, opt.param_groups
-                opt.state, opt.param_groups = new.state, new.param_groups
                 undo.append(lambda: setattr(opt, "state", saved[0]))
                 undo.append(lambda: setattr(opt, "param_groups", saved[1]))
-                try:
-                    f_locals = {"self": opt, "closure": None}
-                    with torch.no_grad():
-                        per_tensor = managers[False].check(f_locals)
-                        native = managers[True].check(f_locals)
-                finally:
-                    for u in reversed(undo):
-                        u()
-                self.assertEqual(native, per_tensor, f"seed {seed} case {case}")
-                outcomes[per_tensor] += 1
-            self.assertGreater(outcomes[True], self.CASES // 10)
-            self.assertGreater(outcomes[False], self.CASES // 4)
+                opt.state, opt.param_groups = new.state, new.param_groups
+                return {"self": opt, "closure": None}
+
+            mutator = Mutator(random.Random(seed), opt)
+            # step runs under no_grad (torch.optim's _use_grad)
+            self.assert_decisions_agree(seed, managers, mutator, in_the_optimizer, grad_enabled=False)
 
 
 @requires_extension
