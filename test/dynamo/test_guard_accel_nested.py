@@ -110,6 +110,14 @@ def compile_opt(params, accel=True, opt=None):
     return opt, compiled, cnt, entries[0].guard_manager
 
 
+class RecompileReasonAssertions:
+    def assert_recompile_reason(self, compiled, reason, *args):
+        """compiled(*args) fails its guards, and the recompile reason names reason."""
+        with config.patch(error_on_recompile=True):
+            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+                compiled(*args)
+
+
 requires_extension = unittest.skipIf(
     guard_accel.extension() is None, "torch._dynamo._guard_accel is not built"
 )
@@ -117,12 +125,7 @@ requires_extension = unittest.skipIf(
 
 @requires_extension
 @instantiate_parametrized_tests
-class NestedGuardTests(torch._dynamo.test_case.TestCase):
-    def assert_recompile_reason(self, compiled, reason):
-        with config.patch(error_on_recompile=True):
-            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
-                compiled()
-
+class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCase):
     @parametrize("base", [PlainSGD, DefaultdictPlainSGD], name_fn=lambda base: base.__name__)
     def test_tree_is_compact(self, base):
         # A defaultdict state (torch.optim's) is walked natively like a dict.
@@ -247,9 +250,7 @@ class NestedGuardTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 16)
         g = params[9].grad
         params[9].grad = params[2].grad
-        with config.patch(error_on_recompile=True):
-            with self.assertRaisesRegex(RecompileError, re.escape("[9].grad are the same tensor")):
-                compiled(params)
+        self.assert_recompile_reason(compiled, "[9].grad are the same tensor", params)
         params[9].grad = g
         compiled(params)
         self.assertEqual(cnt.frame_count, 1)
@@ -365,7 +366,7 @@ def step_code(opt):
 
 @requires_extension
 @instantiate_parametrized_tests
-class TorchOptimIdentityTests(torch._dynamo.test_case.TestCase):
+class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCase):
     """torch.optim's step guards its params, state buffers and step tensors by
     identity (static addresses installed into the graph): identity records."""
 
@@ -452,9 +453,7 @@ class TorchOptimIdentityTests(torch._dynamo.test_case.TestCase):
                     x.grad = torch.randn(4, 4)
                 mutate()
                 try:
-                    with config.patch(error_on_recompile=True):
-                        with self.assertRaisesRegex(RecompileError, re.escape(reason)):
-                            compiled()
+                    self.assert_recompile_reason(compiled, reason)
                 finally:
                     if restore is not None:
                         restore()
@@ -521,7 +520,7 @@ def guard_nodes(node):
 
 
 @requires_extension
-class ModuleOptimizerTests(torch._dynamo.test_case.TestCase):
+class ModuleOptimizerTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCase):
     """The native guards of an optimizer that is an nn.Module, with and without
     config.use_recursive_dict_tags_for_guards: grads, state buffers and parameters
     change in place without a write to any dict, so without a new dict tag."""
@@ -588,9 +587,7 @@ class ModuleOptimizerTests(torch._dynamo.test_case.TestCase):
                 with self.subTest(field=field):
                     mutate()
                     try:
-                        with config.patch(error_on_recompile=True):
-                            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
-                                compiled()
+                        self.assert_recompile_reason(compiled, reason)
                     finally:
                         for t, data, requires_grad in saved:
                             t.data = data
