@@ -2,8 +2,10 @@
 
 Dynamo installs static tensors into the FX graph as attributes (``get_attr`` nodes):
 an optimizer's parameters, state buffers and step tensors, and any tensor marked with
-``mark_static_address(guard=True)``. Their identity is guarded (ID_MATCH), so the
-objects are fixed for the life of the compiled code. AOTAutograd backends lift them
+``mark_static_address(guard=True)``, non-inlined module parameters. The graph
+module gets them as attributes at compile time and nothing sets them afterwards, so
+the objects are fixed for the life of the compiled code (the optimizer's are also
+identity-guarded: a replaced one recompiles). AOTAutograd backends lift them
 once, at compile time, into the flat arguments of their compiled function; the eager
 backend runs ``gm.forward`` itself, which reads every one of them as ``self.<name>``
 on each call. On a GraphModule that load misses the instance dict and ends in
@@ -14,9 +16,8 @@ tensor: 2,000 loads per step for SGD with momentum over 1,000 parameters.
 ``get_attr`` into a leading placeholder and returns the new module's forward with
 the tensors bound (``functools.partial``), so the call passes them as arguments.
 The tensors are the module's own attribute values, which the module keeps alive
-anyway; in-place changes to them are seen, as before, and replacing one fails its
-guard. Graphs without tensor attributes, or with a non-default codegen, are
-returned as ``gm.forward`` unchanged.
+anyway; in-place changes to them are seen, as before. Graphs without tensor
+attributes, or with a non-default codegen, are returned as ``gm.forward`` unchanged.
 """
 
 from __future__ import annotations
@@ -27,13 +28,7 @@ from typing import Any
 
 import torch
 import torch.fx
-
-
-def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for name in target.split("."):
-        value = getattr(value, name)
-    return value
+from torch.fx.graph_module import _get_attr
 
 
 def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
@@ -44,7 +39,7 @@ def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     for node in gm.graph.nodes:
         if node.op != "get_attr":
             continue
-        value = _attribute(gm, node.target)
+        value = _get_attr(gm, node.target)
         # Exact types: a subclass's attribute access may run code.
         if type(value) in (torch.Tensor, torch.nn.Parameter):
             bound.append((node, value))
