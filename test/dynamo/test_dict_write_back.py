@@ -28,12 +28,12 @@ def after_graph(code):
     ins = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     start = next(k for k, i in enumerate(ins) if i.opname == "LOAD_GLOBAL" and "__compiled_fn" in str(i.argval))
     # Follow the stack from the compiled function (and its NULL) pushed: the CALL that
-    # pops them is the graph call (CALL_FUNCTION_EX when its arguments are one list).
+    # pops them is the graph call.
     depth = 0
     for k in range(start + 1, len(ins)):
         arg = ins[k].arg if ins[k].opcode >= dis.HAVE_ARGUMENT else None
         depth += dis.stack_effect(ins[k].opcode, arg, jump=False)
-        if ins[k].opname in ("CALL", "CALL_FUNCTION_EX") and depth == -1:
+        if ins[k].opname == "CALL" and depth == -1:
             return ins[k + 1 :]
     raise AssertionError("no graph call found")
 
