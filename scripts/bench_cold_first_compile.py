@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""First compiled torch.optim step in a fresh process: stock torch vs the custom wheel.
+
+What a user pays once per process, before any step is cached: the CPU time
+(time.process_time) of the first and second compiled steps, measured right after
+`import torch`, so one-off imports made during the compile count. Sides, run
+alternately (never at once), --reps fresh processes each:
+
+  stock       unpatched torch 2.13.0 (bench_optimizer_step's stock venv or --stock-python)
+  patched     the custom wheel (the python running this script, normally .venv/bin/python)
+  patched-off the custom wheel with config.cudagraph_manager_for_cuda_only=False
+              (patch 0032 alone switched off)
+
+Steps: sgd = SGD(momentum=0.9, foreach=True), adam = Adam(foreach=True),
+adamw = AdamW(foreach=False); --n parameters of 4x4 fp32, backend="eager".
+Prints medians and ratios; exit 1 if a worker fails.
+  .venv/bin/python scripts/bench_cold_first_compile.py --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_optimizer_step import find_stock_python
+
+KINDS = ("sgd", "adam", "adamw")
+
+WORKER = """
+import json, sys, time
+t0 = time.process_time()
+import torch
+import_s = time.process_time() - t0
+kind, n, switch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if switch != "default":
+    torch._dynamo.config.cudagraph_manager_for_cuda_only = switch == "on"
+torch.set_num_threads(1)
+torch.manual_seed(0)
+params = [torch.nn.Parameter(torch.randn(4, 4)) for _ in range(n)]
+opt = {
+    "sgd": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True),
+    "adam": lambda: torch.optim.Adam(params, lr=1e-3, foreach=True),
+    "adamw": lambda: torch.optim.AdamW(params, lr=1e-3, foreach=False),
+}[kind]()
+step = torch.compile(opt.step, backend="eager")
+times = []
+for _ in range(2):
+    for p in params:
+        p.grad = torch.randn_like(p)
+    t = time.process_time()
+    step()
+    times.append(time.process_time() - t)
+print(json.dumps({"import_s": import_s, "first_s": times[0], "second_s": times[1],
+                  "inductor_compiler_imported": "torch._inductor.compile_fx" in sys.modules}))
+"""
+
+
+def run_one(python: str, kind: str, n: int, switch: str) -> dict:
+    proc = subprocess.run([python, "-c", WORKER, kind, str(n), switch],
+                          capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise SystemExit(f"worker {python} {kind} {switch} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--n", type=int, default=10, help="parameters (default 10)")
+    ap.add_argument("--reps", type=int, default=5, help="fresh processes per side (default 5)")
+    ap.add_argument("--stock-python", help="python of a venv with unpatched torch 2.13.0")
+    args = ap.parse_args()
+    sides = {"stock": (find_stock_python(args.stock_python), "default"),
+             "patched": (sys.executable, "on"), "patched-off": (sys.executable, "off")}
+    print(f"stock {sides['stock'][0]}  vs  patched {sys.executable}; N={args.n}, backend=eager, "
+          f"CPU s of the first two compiled steps in a fresh process, median of {args.reps}")
+    print(f"| {'step':6} | {'side':11} | first s | second s | first+second s | inductor compiler imported |")
+    rows = {}
+    for kind in args.kinds:
+        samples: dict[str, list[dict]] = {side: [] for side in sides}
+        for rep in range(args.reps):
+            for side, (python, switch) in sides.items():
+                samples[side].append(run_one(python, kind, args.n, switch))
+        rows[kind] = samples
+        for side, results in samples.items():
+            first = statistics.median(r["first_s"] for r in results)
+            second = statistics.median(r["second_s"] for r in results)
+            both = statistics.median(r["first_s"] + r["second_s"] for r in results)
+            imported = sum(r["inductor_compiler_imported"] for r in results)
+            print(f"| {kind:6} | {side:11} | {first:7.2f} | {second:8.2f} | {both:14.2f} | "
+                  f"{f'{imported}/{len(results)}':26} |")
+    print("ratios of first+second (higher is better for patched):")
+    for kind, samples in rows.items():
+        med = {side: statistics.median(r["first_s"] + r["second_s"] for r in rs)
+               for side, rs in samples.items()}
+        print(f"  {kind:6} stock/patched {med['stock'] / med['patched']:.2f}x  "
+              f"patched-off/patched {med['patched-off'] / med['patched']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
