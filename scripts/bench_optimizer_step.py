@@ -43,9 +43,11 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -407,10 +409,16 @@ def run_worker(python: str, args: argparse.Namespace, jax: bool) -> dict[str, An
            "--calls", str(args.calls), "--inductor-sizes", *map(str, args.inductor_sizes)]
     if jax:
         cmd.append("--jax")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # A fresh inductor cache per worker: a side whose graph an earlier run cached would
+    # otherwise compile adam-ind in seconds while the other side compiles cold.
+    cache_dir = tempfile.mkdtemp(prefix="bench-inductor-cache-")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=cache_dir)
     print(f"[{python}]", file=sys.stderr, flush=True)
     # stderr (the worker's progress) goes straight to ours.
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"worker {python} failed ({proc.returncode})")
     return json.loads(proc.stdout)
