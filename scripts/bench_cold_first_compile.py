@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,7 +64,7 @@ print(json.dumps({"import_s": import_s, "first_s": times[0], "second_s": times[1
 def run_one(python: str, kind: str, n: int, switch: str) -> dict:
     proc = subprocess.run([python, "-c", WORKER, kind, str(n), switch],
                           capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
         raise SystemExit(f"worker {python} {kind} {switch} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
