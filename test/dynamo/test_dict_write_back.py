@@ -33,7 +33,7 @@ def after_graph(code):
     for k in range(start + 1, len(ins)):
         arg = ins[k].arg if ins[k].opcode >= dis.HAVE_ARGUMENT else None
         depth += dis.stack_effect(ins[k].opcode, arg, jump=False)
-        if ins[k].opname == "CALL" and depth == -1:
+        if ins[k].opname in ("CALL", "CALL_FUNCTION_EX") and depth == -1:
             return ins[k + 1 :]
     raise AssertionError("no graph call found")
 
