@@ -227,6 +227,19 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(count(code, "BUILD_SLICE"), 1)
         self.assertEqual(count(code, "LIST_APPEND"), 1)  # the float, as a tensor
 
+    def test_negative_indices_are_not_a_run(self):
+        # xs[-2], xs[-1] are not the slice xs[-2:0]: a source with a negative index
+        # is loaded on its own.
+        from torch._dynamo import graph_input_runs
+        from torch._dynamo.source import GetItemSource, GradSource, LocalSource
+
+        xs = LocalSource("xs")
+        self.assertIsNone(graph_input_runs._element(None, GetItemSource(xs, -1)))
+        self.assertEqual(graph_input_runs._element(None, GetItemSource(xs, 3)), (xs, 3, ()))
+        self.assertEqual(
+            graph_input_runs._element(None, GradSource(GetItemSource(xs, 3), "grad")), (xs, 3, (("attr", "grad"),))
+        )
+
     def test_short_run_loads_each_input(self):
         def fn(xs):
             return torch._foreach_mul(xs, 2.0)

@@ -77,6 +77,8 @@ def _element(codegen: PyCodegen, source: Source) -> tuple[Source, int, tuple[tup
                 continue
             return None
         if type(source) is GetItemSource and not source.index_is_slice and type(source.index) is int:
+            if source.index < 0:
+                return None  # seq[-2], seq[-1] is not the slice seq[-2:0]
             return source.base, source.index, tuple(reversed(steps))
         return None
 
