@@ -12,55 +12,14 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import guard_failures
 
-
-class MomentumSGD:
-    """Per-parameter state in a dict keyed by the parameters, as torch.optim keeps it;
-    its _init_group runs once at trace time (init_values_once)."""
-
-    def __init__(self, params, lr=0.1, momentum=0.9):
-        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
-        self.state = {}
-
-    @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups", "group"])
-    def _init_group(self, group, params, grads, bufs):
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state.get(p)
-            if state is None:
-                state = self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(state["momentum_buffer"])
-
-    def step(self):
-        with torch.no_grad():
-            for group in self.param_groups:
-                params, grads, bufs = [], [], []
-                self._init_group(group, params, grads, bufs)
-                torch._foreach_mul_(bufs, group["momentum"])
-                torch._foreach_add_(bufs, grads)
-                torch._foreach_add_(params, bufs, alpha=-group["lr"])
-
-
-def make_params(n, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(2, generator=gen)) for _ in range(n)]
-
-
-def set_grads(params, step):
-    gen = torch.Generator().manual_seed(100 + step)
-    for p in params:
-        p.grad = torch.randn(2, generator=gen)
+try:
+    from .test_codegen_dict_keys import instructions, make_params, MomentumSGD, set_grads
+except ImportError:
+    from test_codegen_dict_keys import instructions, make_params, MomentumSGD, set_grads
 
 
 def codes_of(fn):
     return [entry.code for entry in _debug_get_cache_entry_list(inspect.unwrap(fn).__code__)]
-
-
-def instructions(code):
-    # EXTENDED_ARG only widens the next instruction's argument.
-    return [ins for ins in dis.get_instructions(code) if ins.opname != "EXTENDED_ARG"]
 
 
 def count(code, opname):
