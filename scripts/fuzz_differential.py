@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -172,9 +173,22 @@ def on_stock(python: str, program: fuzz.Program) -> str:
             if outcome is None:
                 return "stock torch: passes (a dynapatch bug)"
             if outcome["signature"][0] == "setup":
-                return f"stock torch: does not run it ({outcome['text']})"
+                return f"stock torch: does not run it ({outcome['text']}); {traced_through(program)}"
             return f"stock torch: fails too: {outcome['text']}"
     return f"stock torch: harness error (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+
+
+def traced_through(program: fuzz.Program) -> str:
+    """What the custom wheel says about `program` with config.init_values_once off: the
+    decorated functions traced through, as stock Dynamo traces any function. The verdict for
+    a program stock cannot run (it uses init_values_once): failing this way too means
+    Dynamo's own behaviour (e.g. an all-or-nothing graph on a program that raises mid-step),
+    not skip-and-guard's."""
+    off = dataclasses.replace(program, config={**program.config, "init_values_once": False})
+    failure = fuzz.run_program(off).failure
+    if failure is None:
+        return "traced through (config.init_values_once=False): passes (a dynapatch bug)"
+    return f"traced through (config.init_values_once=False): fails too: {failure}"
 
 
 def main(argv: list[str]) -> int:
