@@ -128,6 +128,7 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
         xs[13] = torch.randn(2)
         self.assertEqual(opt_fn(xs), fn(xs))
         self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(count(codes_of(fn)[0], "BUILD_SLICE"), 1)
 
     def test_tuple_and_chained_accesses(self):
         # Steps after the index: an attribute, then a constant key; on a tuple.
@@ -145,6 +146,7 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
         hs[4].d["t"] = torch.randn(2)
         self.assertEqual(opt_fn(hs), fn(hs))
         self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(count(codes_of(fn)[0], "BUILD_SLICE"), 1)
 
     def test_module_list_parameters(self):
         # A list of modules: each weight is L['mods'][i]._parameters['weight'].
@@ -161,6 +163,8 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
             mods[7].weight.mul_(2)
         self.assertEqual(opt_fn(mods, x), fn(mods, x))
         self.assertEqual(cnt.frame_count, 1)
+        # UnspecializedParamBufferSource loads `._parameters` as AttrSource does.
+        self.assertEqual(count(codes_of(fn)[0], "BUILD_SLICE"), 1)
 
     def test_float_passed_as_tensor_next_to_a_run(self):
         # A module float the frame mutates is a graph input made a tensor before the

@@ -26,6 +26,7 @@ from .source import (
     DictValuesListSource,
     GetItemSource,
     GradSource,
+    NNModuleSource,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ MIN_RUN_LENGTH = 8
 _LENGTH_GUARDS = ("SEQUENCE_LENGTH",)
 
 
+# The reconstructions that are `getattr(base, member)` (a dotted member is a chain, as for
+# operator.attrgetter).
+_ATTR_LOADS = (AttrSource.reconstruct, GradSource.reconstruct)
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphInputRun:
     """Graph inputs `steps(base[start]) ... steps(base[stop - 1])`; each step is
@@ -58,7 +64,13 @@ def _element(codegen: PyCodegen, source: Source) -> tuple[Source, int, tuple[tup
     """Split `source` into (sequence, index, steps after the index), or None."""
     steps: list[tuple[str, Any]] = []
     while True:
-        if type(source) in (AttrSource, GradSource):
+        if isinstance(source, NNModuleSource) and type(source).reconstruct is NNModuleSource.reconstruct:
+            # Marks its base as a module for guards; loads as the base itself.
+            source = source.base
+            continue
+        if isinstance(source, (AttrSource, GradSource)) and type(source).reconstruct in _ATTR_LOADS:
+            # An attribute load (nn.Module parameter sources are AttrSource subclasses
+            # that load the same way), which attrgetter repeats.
             steps.append(("attr", source.member))
             source = source.base
             continue
