@@ -10,7 +10,6 @@ import torch._dynamo.testing
 from torch._dynamo.variables.builder import VariableBuilder
 from torch.utils._triton import has_triton
 
-
 _triton_wrap_targets = VariableBuilder._triton_wrap_targets
 
 
