@@ -32,8 +32,9 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _is_plain(t: torch.Tensor) -> bool:
-    """A real (not fake, not meta), strided, contiguous-storage leaf of an exact
-    Tensor/Parameter type, with none of the properties the general path special-cases."""
+    """A real CPU/CUDA tensor of exact Tensor/Parameter type (no fake or functional
+    subclass): strided, a leaf and no view, at offset 0 of a non-empty storage, with none
+    of the properties the general path special-cases."""
     return (
         type(t) in _PLAIN_TYPES
         and t.layout is torch.strided
