@@ -73,6 +73,9 @@ def main() -> None:
     from bench_optimizer_step import find_stock_python
 
     sides = {"stock": find_stock_python(args.stock_python), "patched": sys.executable}
+    for side, python in sides.items():
+        if not os.path.exists(python):
+            raise SystemExit(f"{side} interpreter not found: {python}")
     print(f"stock: {sides['stock']}\npatched: {sides['patched']}")
     print(f"first compile, CPU s, median of {args.repeats} fresh processes per side (alternating); min-max")
     print("|     N | step  |             stock |           patched | stock/patched |")

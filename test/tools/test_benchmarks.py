@@ -36,6 +36,35 @@ class BenchSkipGuardTest(unittest.TestCase):
         self.assertIn("first compile a/b", out)
 
 
+class BenchFirstCompileTest(unittest.TestCase):
+    def test_a_row_per_step_with_both_sides(self):
+        # This interpreter on both sides: the table's shape, not a ratio, is checked.
+        out = run_script(
+            "bench_first_compile.py", "--stock-python", sys.executable, "--sizes", "12",
+            "--kinds", "sgd", "once", "--repeats", "1",
+        )
+        rows = re.findall(
+            r"^\|\s+12 \| (\w+)\s+\|\s+([\d.]+)\s+[\d.]+-\s*[\d.]+ \|\s+([\d.]+)\s+[\d.]+-\s*[\d.]+ \|\s+([\d.]+)x \|$",
+            out, re.MULTILINE,
+        )
+        self.assertEqual([kind for kind, *_ in rows], ["sgd", "once"], out)
+        for _, stock, patched, ratio in rows:
+            self.assertGreater(float(stock), 0, out)
+            self.assertGreater(float(patched), 0, out)
+            # The ratio is of the unrounded medians: only its presence is checked.
+            self.assertGreater(float(ratio), 0, out)
+
+    def test_missing_stock_interpreter_is_reported(self):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPTS / "bench_first_compile.py"), "--stock-python", "/nonexistent/python",
+             "--sizes", "12", "--kinds", "sgd", "--repeats", "1"],
+            capture_output=True, text=True, timeout=600,
+        )
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("/nonexistent/python", proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+
+
 class BenchOptimizerStepTest(unittest.TestCase):
     def test_every_step_runs_and_splits_the_call(self):
         out = run_script(
