@@ -87,6 +87,45 @@ class StackTraceCacheTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(set(calls), set(calls_without))
         self.assertLessEqual(len(calls), len(calls_without) - 3)
 
+    def test_higher_order_op_subgraphs(self):
+        # Each HOP body has its own SubgraphTracer; its nodes get the same text as
+        # without this patch, and the outer graph's are unaffected.
+        def cond_f(x):
+            def true_fn(x):
+                return helper(x) + 1
+
+            def false_fn(x):
+                return helper(x) - 1
+
+            y = x * 2
+            return torch.cond(x.sum() > 0, true_fn, false_fn, (y,)) + y
+
+        def traced(cache):
+            graphs = []
+
+            def backend(gm, example_inputs):
+                graphs.append(gm)
+                return gm.forward
+
+            x = torch.randn(3)
+            with torch._dynamo.config.patch(cache_formatted_stack_traces=cache):
+                torch._dynamo.reset()
+                out = torch.compile(cond_f, backend=backend, fullgraph=True)(x)
+            self.assertEqual(out, cond_f(x))
+            (gm,) = graphs
+            return [
+                (name, node.op, str(node.target), node.stack_trace)
+                for name, module in gm.named_modules()
+                if isinstance(module, torch.fx.GraphModule)
+                for node in module.graph.nodes
+            ]
+
+        with_cache, without = traced(True), traced(False)
+        self.assertEqual(with_cache, without)
+        subgraph_traces = [t for name, op, _, t in with_cache if name and op == "call_method"]
+        self.assertEqual(len(subgraph_traces), 4)  # sin and cos in each branch
+        self.assertTrue(all("helper" in t for t in subgraph_traces))
+
     def test_cache_is_per_tracer(self):
         # A second compile of the same code formats again: nothing outlives its graph.
         _, first = self.trace(cache=True)
