@@ -46,6 +46,7 @@ def count_formats():
 class StackTraceCacheTests(torch._dynamo.test_case.TestCase):
     def trace(self, cache):
         """Compile f once; the graph's (node, stack trace) pairs and the format calls."""
+        torch._dynamo.reset()
         graphs = []
 
         def backend(gm, example_inputs):
