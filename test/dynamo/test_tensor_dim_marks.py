@@ -105,6 +105,50 @@ class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(frames, 1)
         self.assertEqual(graphs[0][0], (3, "s", 5))
 
+    def test_source_name_normalized_only_for_source_dynamism(self):
+        # The normalized name is only looked up in a LocalSource's dynamism (set by the
+        # eager_then_compile stance); without it, no regex substitution per tensor.
+        import torch._dynamo.tensor_dim_marks as tensor_dim_marks
+
+        with unittest.mock.patch.object(
+            tensor_dim_marks, "normalize_source_name", wraps=tensor_dim_marks.normalize_source_name
+        ) as normalize:
+            self.assert_same_on_and_off(lambda x: None)
+        self.assertEqual(normalize.call_count, 0)
+
+    def test_eager_then_compile_dynamism(self):
+        def run(once):
+            torch._dynamo.reset()
+            graphs = []
+
+            def backend(gm, example_inputs):
+                graphs.append(placeholder_sizes(gm))
+                return gm.forward
+
+            counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+            import torch._dynamo.tensor_dim_marks as tensor_dim_marks
+
+            with (
+                torch._dynamo.config.patch(automatic_dynamic_marks_once=once),
+                unittest.mock.patch.object(
+                    tensor_dim_marks, "normalize_source_name", wraps=tensor_dim_marks.normalize_source_name
+                ) as normalize,
+            ):
+                compiled = torch.compile(f, backend=counter)
+                with torch.compiler.set_stance("eager_then_compile"):
+                    for n in (3, 4, 5, 6):
+                        x, y = torch.randn(n, 4, 5), torch.randn(6)
+                        self.assertEqual(compiled(x, y), f(x, y))
+            return counter.frame_count, graphs, normalize.call_count
+
+        on, off = run(True), run(False)
+        self.assertEqual(on[:2], off[:2])
+        # Two examples ran eagerly, showed dim 0 of x changing: one graph, dim 0 symbolic.
+        self.assertEqual(on[0], 1)
+        self.assertEqual(on[1][0][0], ("s", 4, 5))
+        # Normalized once per tensor that has source dynamism (x and y).
+        self.assertEqual(on[2], 2)
+
 
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests

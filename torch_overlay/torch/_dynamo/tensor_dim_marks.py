@@ -22,7 +22,7 @@ from typing import Any, TYPE_CHECKING
 
 from torch.fx.experimental._dynamism import normalize_source_name
 
-from .source import ChainedSource
+from .source import ChainedSource, LocalSource
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +38,9 @@ class TensorDimMarks:
     propagated_dynamic: Container[int]
     static: Container[int]
     specialize_on: dict[int, Any]
-    normalized_source_name: str
+    # Only read when the base source is a LocalSource with dynamism (per-source PGO
+    # hints); None otherwise, which saves a regex substitution per tensor.
+    normalized_source_name: str | None
     base_source: Source
     # Whether torch.compiler.config's dynamic_sources / unbacked_sources /
     # dynamic_values lists have any entry: an empty list matches no dimension.
@@ -56,6 +58,9 @@ class TensorDimMarks:
         )
 
         base_source = source.get_base() if isinstance(source, ChainedSource) else source
+        has_dynamism = (
+            isinstance(base_source, LocalSource) and base_source.dynamism is not None
+        )
         return cls(
             strict_unbacked=getattr(e, "_dynamo_strict_unbacked_indices", ()),
             unbacked=getattr(e, "_dynamo_unbacked_indices", ()),
@@ -64,7 +69,9 @@ class TensorDimMarks:
             propagated_dynamic=getattr(e, "_dynamo_propagated_dynamic_indices", ()),
             static=getattr(e, "_dynamo_static_indices", ()),
             specialize_on=getattr(e, "_specialize_on", {}),
-            normalized_source_name=normalize_source_name(source.name),
+            normalized_source_name=(
+                normalize_source_name(source.name) if has_dynamism else None
+            ),
             base_source=base_source,
             dynamic_sources_listed=bool(get_dynamic_sources()),
             unbacked_sources_listed=bool(get_unbacked_sources()),
