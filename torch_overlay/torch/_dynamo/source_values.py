@@ -25,9 +25,6 @@ if TYPE_CHECKING:
 
     from .source import AttrSource, ConstDictKeySource, DictGetItemSource, GetItemSource
 
-# repr() of these gives a literal that evaluates to an equal object of the same type.
-_LITERAL_INDEX_TYPES = (int, str)
-
 
 def attr_value(source: AttrSource, base_value: Any) -> Any:
     """A name ``{0}.member``: getattr(base, member)."""
@@ -39,28 +36,34 @@ def attr_value(source: AttrSource, base_value: Any) -> Any:
     return getattr(base_value, source.member)
 
 
+def _named_by_literal_index(
+    source: GetItemSource | DictGetItemSource | ConstDictKeySource,
+    index_types: tuple[type, ...],
+    before: str,
+    after: str,
+) -> bool:
+    """The switch is on and the source's name is before + repr(index) + after, with an
+    index of one of index_types (whose repr evaluates back to the same index)."""
+    index = source.index
+    return (
+        config.source_values_without_eval
+        and type(index) in index_types
+        and source._name_template == before + repr(index) + after
+    )
+
+
 def item_value(source: GetItemSource | DictGetItemSource, base_value: Any) -> Any:
     """A name ``{0}[<int or str literal>]``: base[index]."""
-    index = source.index
-    if (
-        not config.source_values_without_eval
-        or type(index) not in _LITERAL_INDEX_TYPES
-        or source._name_template != "{0}[" + repr(index) + "]"
-    ):
+    if not _named_by_literal_index(source, (int, str), "{0}[", "]"):
         return NotImplemented
-    return base_value[index]
+    return base_value[source.index]
 
 
 def dict_key_value(source: ConstDictKeySource, base_value: Any) -> Any:
     """A name ``list(dict.keys({0}))[<int>]``: the same expression, not compiled."""
-    index = source.index
-    if (
-        not config.source_values_without_eval
-        or type(index) is not int
-        or source._name_template != "list(dict.keys({0}))[" + repr(index) + "]"
-    ):
+    if not _named_by_literal_index(source, (int,), "list(dict.keys({0}))[", "]"):
         return NotImplemented
-    return list(dict.keys(base_value))[index]
+    return list(dict.keys(base_value))[source.index]
 
 
 def same_value(source: ChainedSource, base_value: Any) -> Any:
