@@ -7,6 +7,7 @@ import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
 import torch.compiler
+from torch._dynamo import tensor_dim_marks
 from torch._dynamo.tensor_dim_marks import TensorDimMarks
 
 
@@ -108,8 +109,6 @@ class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
     def test_source_name_normalized_only_for_source_dynamism(self):
         # The normalized name is only looked up in a LocalSource's dynamism (set by the
         # eager_then_compile stance); without it, no regex substitution per tensor.
-        import torch._dynamo.tensor_dim_marks as tensor_dim_marks
-
         with unittest.mock.patch.object(
             tensor_dim_marks, "normalize_source_name", wraps=tensor_dim_marks.normalize_source_name
         ) as normalize:
@@ -126,8 +125,6 @@ class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
                 return gm.forward
 
             counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
-            import torch._dynamo.tensor_dim_marks as tensor_dim_marks
-
             with (
                 torch._dynamo.config.patch(automatic_dynamic_marks_once=once),
                 unittest.mock.patch.object(
