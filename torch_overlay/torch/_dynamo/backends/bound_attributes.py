@@ -13,8 +13,9 @@ on each call. On a GraphModule that load misses the instance dict and ends in
 tensor: 2,000 loads per step for SGD with momentum over 1,000 parameters.
 
 ``bind_tensor_attributes`` does what AOTAutograd does: it turns each tensor
-``get_attr`` into a leading placeholder and returns the new module's forward with
-the tensors bound (``functools.partial``), so the call passes them as arguments.
+``get_attr`` into a leading placeholder of a copy of the graph
+(``lift_tensor_attributes``) and returns the new module's forward with the tensors
+bound (``bound_forward``: ``functools.partial``), so the call passes them as arguments.
 The tensors are the module's own attribute values, which the module keeps alive
 anyway; in-place changes to them are seen, as before. Graphs without tensor
 attributes, or with a non-default codegen, are returned as ``gm.forward`` unchanged.
@@ -31,10 +32,11 @@ import torch.fx
 from torch.fx.graph_module import _get_attr
 
 
-def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """gm.forward, or an equivalent callable with gm's tensor attributes bound."""
+def lift_tensor_attributes(gm: torch.fx.GraphModule) -> tuple[torch.fx.Graph, list[torch.Tensor]] | None:
+    """A copy of gm's graph in which each tensor attribute is a leading placeholder,
+    and those tensors in placeholder order; None if gm has none to lift."""
     if type(gm.graph._codegen) is not torch.fx.graph.CodeGen:
-        return gm.forward  # e.g. pytree codegen: its signature is not the placeholders'
+        return None  # e.g. pytree codegen: its signature is not the placeholders'
     bound: list[tuple[torch.fx.Node, torch.Tensor]] = []
     for node in gm.graph.nodes:
         if node.op != "get_attr":
@@ -44,7 +46,7 @@ def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
         if type(value) in (torch.Tensor, torch.nn.Parameter):
             bound.append((node, value))
     if not bound:
-        return gm.forward
+        return None
     graph = torch.fx.Graph()
     val_map: dict[torch.fx.Node, torch.fx.Node] = {}
     for node, _ in bound:
@@ -53,5 +55,17 @@ def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
         val_map[node] = placeholder
     output = graph.graph_copy(gm.graph, val_map)
     graph.output(output)
-    lifted = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
-    return functools.partial(lifted.forward, *(value for _, value in bound))
+    return graph, [value for _, value in bound]
+
+
+def bound_forward(gm: torch.fx.GraphModule, graph: torch.fx.Graph, values: list[torch.Tensor]) -> Callable[..., Any]:
+    """The forward of a module running ``graph`` (gm's attributes), ``values`` bound as its
+    leading arguments."""
+    module = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
+    return functools.partial(module.forward, *values) if values else module.forward
+
+
+def bind_tensor_attributes(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """gm.forward, or an equivalent callable with gm's tensor attributes bound."""
+    lifted = lift_tensor_attributes(gm)
+    return gm.forward if lifted is None else bound_forward(gm, *lifted)
