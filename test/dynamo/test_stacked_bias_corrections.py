@@ -1,0 +1,107 @@
+# Owner(s): ["module: dynamo"]
+"""Compiled Adam computes the capturable bias corrections of 0-d CPU steps on one stacked
+vector (torch/optim/_stacked_bias_corrections.py)."""
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo import config
+from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraphs
+
+
+def count_calls(gm, target):
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def state_of(opt):
+    return [{k: v.clone() for k, v in s.items()} for s in opt.state.values()]
+
+
+class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
+    def run_steps(self, make_optimizer, steps=4, groups=1, shapes=((3, 3), (5,), (2, 4))):
+        """Step a compiled and an eager optimizer with the same grads; after every step
+        compare params and every state entry; return (graphs, frame_count, params)."""
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s)) for _ in range(groups) for s in shapes]
+        ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+        def param_groups(ps):
+            k = len(shapes)
+            if groups == 1:
+                return ps
+            return [{"params": ps[i * k : (i + 1) * k], "lr": 0.01 * (i + 1)} for i in range(groups)]
+
+        opt = make_optimizer(param_groups(params))
+        ref = make_optimizer(param_groups(ref_params))
+        recording = EagerAndRecordGraphs()
+        cnt = CompileCounterWithBackend(recording)
+        compiled = torch.compile(opt.step, backend=cnt)
+        for i in range(steps):
+            for p, q in zip(params, ref_params):
+                p.grad = torch.randn(p.shape) * (i + 1)
+                q.grad = p.grad.clone()
+            compiled()
+            ref.step()
+            self.assertEqual(params, ref_params)
+            self.assertEqual(state_of(opt), state_of(ref))
+        return recording.graphs, cnt.frame_count, params
+
+    def test_adam_foreach_stacks_cpu_steps(self):
+        graphs, frames, _ = self.run_steps(lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True))
+        self.assertEqual(frames, 1)
+        (gm,) = graphs
+        # One stack of the steps and one pow per beta, not a foreach pow per beta over
+        # every step (each a kernel per step on CPU).
+        self.assertEqual(count_calls(gm, torch._foreach_pow), 0)
+        self.assertEqual(count_calls(gm, torch.stack), 1)
+        self.assertEqual(count_calls(gm, torch.pow), 2)
+
+    def test_switch_off_keeps_foreach_bias_corrections(self):
+        with config.patch(optim_stacks_cpu_bias_corrections=False):
+            graphs, frames, params_off = self.run_steps(lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True))
+        self.assertEqual(frames, 1)
+        self.assertEqual(count_calls(graphs[0], torch._foreach_pow), 2)
+        self.assertEqual(count_calls(graphs[0], torch.stack), 0)
+        _, _, params_on = self.run_steps(lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True))
+        # Same operations in the same order; only a vectorized pow may round a bias
+        # correction's last bit differently.
+        self.assertEqual(params_on, params_off, atol=1e-6, rtol=1e-6)
+
+    def test_variants_match_eager(self):
+        variants = {
+            "two groups": (dict(), 2),
+            "amsgrad": (dict(amsgrad=True), 1),
+            "weight decay, maximize": (dict(weight_decay=0.1, maximize=True), 1),
+            "adamw": (dict(decoupled_weight_decay=True, weight_decay=0.1), 2),
+        }
+        for name, (kwargs, groups) in variants.items():
+            with self.subTest(name):
+                torch._dynamo.reset()
+                graphs, frames, _ = self.run_steps(
+                    lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True, **kwargs), groups=groups
+                )
+                self.assertEqual(frames, 1)
+                (gm,) = graphs
+                self.assertEqual(count_calls(gm, torch._foreach_pow), 0)
+                self.assertEqual(count_calls(gm, torch.stack), groups)
+
+    def test_step_that_is_not_0d_keeps_foreach(self):
+        # A checkpoint can hold a step of shape [1]; stacking it with 0-d steps would
+        # fail, so that group keeps the per-step foreach ops.
+        def make(ps):
+            opt = torch.optim.Adam(ps, lr=0.01, foreach=True)
+            for p in ps:
+                p.grad = torch.ones_like(p)
+            opt.step()
+            opt.state[ps[1]]["step"] = torch.tensor([1.0])
+            return opt
+
+        graphs, frames, _ = self.run_steps(make)
+        self.assertEqual(frames, 1)
+        self.assertEqual(count_calls(graphs[0], torch._foreach_pow), 2)
+        self.assertEqual(count_calls(graphs[0], torch.stack), 0)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
