@@ -2,6 +2,9 @@
 """Compiled Adam computes the capturable bias corrections of 0-d CPU steps on one stacked
 vector (torch/optim/_stacked_bias_corrections.py)."""
 
+import operator
+import unittest
+
 import torch
 import torch._dynamo.test_case
 from torch._dynamo import config
@@ -10,6 +13,10 @@ from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraph
 
 def count_calls(gm, target):
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is target)
+
+
+def count_pows(gm):
+    return sum(count_calls(gm, target) for target in (operator.pow, torch.pow))
 
 
 def state_of(opt):
@@ -84,21 +91,74 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(count_calls(gm, torch._foreach_pow), 0)
                 self.assertEqual(count_calls(gm, torch.stack), groups)
 
-    def test_step_that_is_not_0d_keeps_foreach(self):
-        # A checkpoint can hold a step of shape [1]; stacking it with 0-d steps would
-        # fail, so that group keeps the per-step foreach ops.
-        def make(ps):
-            opt = torch.optim.Adam(ps, lr=0.01, foreach=True)
-            for p in ps:
-                p.grad = torch.ones_like(p)
-            opt.step()
-            opt.state[ps[1]]["step"] = torch.tensor([1.0])
-            return opt
+    def test_single_tensor_adam_stacks_cpu_steps(self):
+        for name, kwargs in {
+            "adamw": dict(weight_decay=0.1),
+            "amsgrad": dict(amsgrad=True),
+            "maximize": dict(maximize=True),
+            "tensor lr": dict(lr=torch.tensor(0.01)),
+        }.items():
+            with self.subTest(name):
+                torch._dynamo.reset()
+                kwargs = {"lr": 0.01, **kwargs}
+                graphs, frames, _ = self.run_steps(lambda ps: torch.optim.AdamW(ps, foreach=False, **kwargs))
+                self.assertEqual(frames, 1)
+                (gm,) = graphs
+                # beta1 ** step and beta2 ** step once on the stacked steps, not per parameter.
+                self.assertEqual(count_pows(gm), 2)
+                self.assertEqual(count_calls(gm, torch.stack), 1)
 
-        graphs, frames, _ = self.run_steps(make)
+    def test_single_tensor_switch_off(self):
+        with config.patch(optim_stacks_cpu_bias_corrections=False):
+            graphs, frames, params_off = self.run_steps(lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False))
         self.assertEqual(frames, 1)
-        self.assertEqual(count_calls(graphs[0], torch._foreach_pow), 2)
+        self.assertEqual(count_pows(graphs[0]), 2 * 3)  # two per parameter
         self.assertEqual(count_calls(graphs[0], torch.stack), 0)
+        _, _, params_on = self.run_steps(lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False))
+        self.assertEqual(params_on, params_off, atol=1e-6, rtol=1e-6)
+
+    @unittest.skipUnless(torch.distributed.is_available(), "needs torch.distributed")
+    def test_single_tensor_adam_still_scripts(self):
+        # TorchScript compiles _single_tensor_adam for the functional optimizers; the
+        # stacked path is Python-only and skipped there.
+        from torch.distributed.optim.functional_adam import _FunctionalAdam
+
+        torch.manual_seed(0)
+        params = [torch.randn(3, 3, requires_grad=True) for _ in range(2)]
+        ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        scripted = torch.jit.script(_FunctionalAdam(params, lr=0.01, foreach=False))
+        ref = torch.optim.Adam(ref_params, lr=0.01, foreach=False)
+        for _ in range(3):
+            grads = [torch.randn(3, 3) for _ in params]
+            for q, g in zip(ref_params, grads):
+                q.grad = g.clone()
+            scripted.step(grads)
+            ref.step()
+            self.assertEqual(params, ref_params)
+
+    def test_other_steps_keep_per_step_ops(self):
+        # A checkpoint can hold a step of shape [1] or of another dtype; stacking it
+        # with the others would fail or promote, so the group keeps per-step ops.
+        for step in (torch.tensor([1.0]), torch.tensor(1.0, dtype=torch.float64)):
+            for foreach in (True, False):
+                with self.subTest(step=step, foreach=foreach):
+
+                    def make(ps):
+                        opt = torch.optim.Adam(ps, lr=0.01, foreach=foreach)
+                        for p in ps:
+                            p.grad = torch.ones_like(p)
+                        opt.step()
+                        opt.state[ps[1]]["step"] = step.clone()
+                        return opt
+
+                    torch._dynamo.reset()
+                    graphs, frames, _ = self.run_steps(make)
+                    self.assertEqual(frames, 1)
+                    self.assertEqual(count_calls(graphs[0], torch.stack), 0)
+                    if foreach:
+                        self.assertEqual(count_calls(graphs[0], torch._foreach_pow), 2)
+                    else:
+                        self.assertEqual(count_pows(graphs[0]), 2 * 3)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """Adam's capturable bias corrections on one stacked vector of CPU steps, when compiling.
 
 Under torch.compile, Dynamo traces torch.optim's capturable formulation on every device
-(OptimizerVariable sets ``capturable`` for the trace), so the bias corrections of a
-group are foreach ops over its N ``step`` tensors. When those are 0-d CPU tensors (a
-CPU model, or state created outside the compiled step), CPU foreach ops take the
-per-tensor slow path: each of the eight ops is N kernel calls, where eager does the
-same arithmetic on Python floats. Stacking the steps once makes it eight kernel calls
-on one N-vector; the per-parameter values handed on are views of that vector.
+(OptimizerVariable sets ``capturable`` for the trace), so the bias corrections are
+tensor ops on each parameter's ``step``: eight foreach ops over a group's N steps in
+_multi_tensor_adam, nine 0-d ops per parameter in _single_tensor_adam. When the steps
+are 0-d CPU tensors (a CPU model, or state created outside the compiled step), each of
+those is a kernel call per parameter (CPU foreach ops take the per-tensor slow path),
+where eager does the same arithmetic on Python floats. Stacking the steps once makes
+it a handful of kernel calls on one N-vector; the per-parameter values handed on are
+0-d views of the result.
 
-The arithmetic is the same sequence of elementwise ops in the steps' dtype. ``sub``,
-``div``, ``reciprocal`` and ``sqrt`` round the same on a vector as per element;
-``pow`` on a vector may take the vectorized (SIMD) kernel, which can differ from the
-per-element kernel in the last bit of a bias correction.
+The arithmetic is the same sequence of elementwise operations in the steps' dtype as
+the code it replaces. ``sub``, ``mul``, ``div``, ``reciprocal`` and ``sqrt`` round the
+same on a vector as per element; ``pow`` on a vector may take the vectorized (SIMD)
+kernel, which can differ from the per-element kernel in the last bit of a bias
+correction.
 """
 
 import torch
@@ -21,13 +24,13 @@ from torch import Tensor
 def stacks_bias_corrections(steps: list[Tensor]) -> bool:
     """Whether the capturable bias corrections of ``steps`` run on one stacked vector:
     only while compiling (eager capturable steps live on an accelerator, and eager
-    non-capturable code uses Python floats) and only for 0-d CPU steps, which the
-    foreach slow path would take one by one and ``torch.stack`` can stack."""
-    return (
-        torch.compiler.is_compiling()
-        and torch._dynamo.config.optim_stacks_cpu_bias_corrections
-        and all(step.is_cpu and step.dim() == 0 for step in steps)
-    )
+    non-capturable code uses Python floats) and only for 0-d CPU steps of one dtype,
+    which the per-tensor path would take one by one and ``torch.stack`` stacks
+    without promoting."""
+    if not (torch.compiler.is_compiling() and torch._dynamo.config.optim_stacks_cpu_bias_corrections):
+        return False
+    dtype = steps[0].dtype if steps else None
+    return all(step.is_cpu and step.dim() == 0 and step.dtype == dtype for step in steps)
 
 
 def adam_bias_corrections(
@@ -38,9 +41,30 @@ def adam_bias_corrections(
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """Return (step_size, bias_correction2_sqrt), one 0-d view per step, where
     step_size = -lr / (1 - beta1 ** step) and bias_correction2_sqrt =
-    sqrt(1 - beta2 ** step): the values _multi_tensor_adam's capturable branch builds
-    with foreach ops, computed by the same operations in the same order."""
+    sqrt(1 - beta2 ** step): what _multi_tensor_adam's capturable branch builds with
+    foreach ops, computed by the same operations in the same order."""
     stacked = torch.stack(steps)
     step_size = torch.pow(beta1, stacked).sub_(1).div_(lr).reciprocal_()
     bias_correction2_sqrt = torch.pow(beta2, stacked).sub_(1).neg_().sqrt_()
     return step_size.unbind(), bias_correction2_sqrt.unbind()
+
+
+def adam_denominator_terms(
+    steps: list[Tensor],
+    beta1: float | Tensor,
+    beta2: float | Tensor,
+    lr: float | Tensor,
+    eps: float,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Return (scale, eps_term), one 0-d view per step, for _single_tensor_adam's
+    capturable denominator ``sqrt(exp_avg_sq) / scale + eps_term``: scale =
+    sqrt(1 - beta2 ** step) * -(lr / (1 - beta1 ** step)) and eps_term = eps /
+    -(lr / (1 - beta1 ** step)), written with the operators that branch uses per
+    parameter."""
+    stacked = torch.stack(steps)
+    bias_correction1 = 1 - beta1**stacked
+    bias_correction2 = 1 - beta2**stacked
+    step_size_neg = (lr / bias_correction1).neg()
+    scale = bias_correction2.sqrt() * step_size_neg
+    eps_term = eps / step_size_neg
+    return list(scale.unbind()), list(eps_term.unbind())
