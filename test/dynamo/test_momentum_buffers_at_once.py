@@ -74,6 +74,24 @@ class MomentumBuffersAtOnceTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(count_calls(graphs[0], torch._foreach_clone), 0)
         self.assertEqual(count_methods(graphs[0], "clone"), len(SHAPES))
 
+    def test_switch_is_guarded_with_a_readable_reason(self):
+        def first_step(params, grads):
+            bufs = [None] * len(params)
+            torch.optim._functional.sgd(
+                params, grads, bufs, lr=0.01, momentum=0.9, weight_decay=0.0, dampening=0.0,
+                nesterov=False, maximize=False, foreach=True,
+            )
+            return bufs
+
+        params, grads = [torch.randn(3) for _ in range(2)], [torch.ones(3) for _ in range(2)]
+        compiled = torch.compile(first_step, backend="eager")
+        with torch.no_grad():
+            compiled(params, grads)
+            with config.patch(optim_clones_momentum_buffers_at_once=False, error_on_recompile=True):
+                with self.assertRaises(torch._dynamo.exc.RecompileError) as caught:
+                    compiled(params, grads)
+        self.assertIn("optim_clones_momentum_buffers_at_once == True", str(caught.exception))
+
     def test_variants_match_eager(self):
         variants = {
             "two groups": (dict(), 2),

@@ -73,6 +73,18 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
         # correction's last bit differently.
         self.assertEqual(params_on, params_off, atol=1e-6, rtol=1e-6)
 
+    def test_switch_is_guarded_with_a_readable_reason(self):
+        params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
+        opt = torch.optim.Adam(params, lr=0.01, foreach=True)
+        compiled = torch.compile(opt.step, backend="eager")
+        for p in params:
+            p.grad = torch.ones(3)
+        compiled()
+        with config.patch(optim_stacks_cpu_bias_corrections=False, error_on_recompile=True):
+            with self.assertRaises(torch._dynamo.exc.RecompileError) as caught:
+                compiled()
+        self.assertIn("optim_stacks_cpu_bias_corrections == True", str(caught.exception))
+
     def test_variants_match_eager(self):
         variants = {
             "two groups": (dict(), 2),

@@ -25,5 +25,5 @@ def clones_momentum_buffers_at_once(
         and torch._dynamo.config.optim_clones_momentum_buffers_at_once
         and not has_sparse_grad
         and not torch.is_grad_enabled()
-        and all(buf is None for buf in momentum_buffers)
+        and momentum_buffers.count(None) == len(momentum_buffers)
     )
