@@ -73,6 +73,31 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
         # correction's last bit differently.
         self.assertEqual(params_on, params_off, atol=1e-6, rtol=1e-6)
 
+    def test_group_without_grads(self):
+        # A frozen param group has no grads, so no steps to stack (torch.stack of none
+        # would fail); its step is a no-op as in eager.
+        for foreach in (True, False):
+            with self.subTest(foreach=foreach):
+                torch._dynamo.reset()
+                torch.manual_seed(0)
+                live = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
+                frozen = [torch.nn.Parameter(torch.randn(3))]
+                ref_live, ref_frozen = ([torch.nn.Parameter(p.detach().clone()) for p in ps] for ps in (live, frozen))
+                opt = torch.optim.AdamW([{"params": live}, {"params": frozen}], lr=0.01, foreach=foreach)
+                ref = torch.optim.AdamW([{"params": ref_live}, {"params": ref_frozen}], lr=0.01, foreach=foreach)
+                cnt = CompileCounterWithBackend("eager")
+                compiled = torch.compile(opt.step, backend=cnt)
+                for i in range(3):
+                    for p, q in zip(live, ref_live):
+                        p.grad = torch.randn(3) * (i + 1)
+                        q.grad = p.grad.clone()
+                    compiled()
+                    ref.step()
+                    self.assertEqual(live + frozen, ref_live + ref_frozen)
+                    self.assertEqual(state_of(opt), state_of(ref))
+                self.assertEqual(len(opt.state), 2)
+                self.assertEqual(cnt.frame_count, 1)
+
     def test_switch_is_guarded_with_a_readable_reason(self):
         params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
         opt = torch.optim.Adam(params, lr=0.01, foreach=True)

@@ -27,9 +27,13 @@ def stacks_bias_corrections(steps: list[Tensor]) -> bool:
     non-capturable code uses Python floats) and only for 0-d CPU steps of one dtype,
     which the per-tensor path would take one by one and ``torch.stack`` stacks
     without promoting."""
-    if not (torch.compiler.is_compiling() and torch._dynamo.config.optim_stacks_cpu_bias_corrections):
+    if not (
+        steps  # a group whose params have no grads steps nothing
+        and torch.compiler.is_compiling()
+        and torch._dynamo.config.optim_stacks_cpu_bias_corrections
+    ):
         return False
-    dtype = steps[0].dtype if steps else None
+    dtype = steps[0].dtype
     return all(step.is_cpu and step.dim() == 0 and step.dtype == dtype for step in steps)
 
 
