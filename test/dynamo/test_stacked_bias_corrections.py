@@ -98,6 +98,29 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(len(opt.state), 2)
                 self.assertEqual(cnt.frame_count, 1)
 
+    def test_inductor_keeps_the_foreach_ops(self):
+        # Inductor fuses the foreach ops itself and lowers the N views of a stacked vector
+        # superlinearly, so a frame compiled for it keeps them; Dynamo asks at trace time.
+        from torch.optim._stacked_bias_corrections import compiles_for_inductor
+
+        def fn(x):
+            return x + 1 if compiles_for_inductor() else x - 1
+
+        def my_backend(gm, example_inputs):
+            return gm.forward
+
+        x = torch.ones(2)
+        for backend, expected in (
+            ("eager", x - 1),
+            (CompileCounterWithBackend("eager"), x - 1),
+            (my_backend, x - 1),
+            ("inductor", x + 1),
+            (CompileCounterWithBackend("inductor"), x + 1),
+        ):
+            with self.subTest(backend=backend):
+                torch._dynamo.reset()
+                self.assertEqual(torch.compile(fn, backend=backend)(x), expected)
+
     def test_switch_is_guarded_with_a_readable_reason(self):
         params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
         opt = torch.optim.Adam(params, lr=0.01, foreach=True)
