@@ -98,28 +98,39 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(len(opt.state), 2)
                 self.assertEqual(cnt.frame_count, 1)
 
-    def test_inductor_keeps_the_foreach_ops(self):
-        # Inductor fuses the foreach ops itself and lowers the N views of a stacked vector
-        # superlinearly, so a frame compiled for it keeps them; Dynamo asks at trace time.
-        from torch.optim._stacked_bias_corrections import compiles_for_inductor
+    def test_only_op_by_op_backends_stack(self):
+        # Inductor fuses the foreach ops itself and, given the stacked graph, lowers its N
+        # views superlinearly; a backend Dynamo cannot see through may be Inductor.
+        # Dynamo answers at trace time.
+        import functools
+
+        from torch._dynamo.backends.debugging import eager
+        from torch.optim._stacked_bias_corrections import runs_graph_as_traced
 
         def fn(x):
-            return x + 1 if compiles_for_inductor() else x - 1
+            return x + 1 if runs_graph_as_traced() else x - 1
 
-        def my_backend(gm, example_inputs):
+        def opaque(gm, example_inputs):
             return gm.forward
 
+        @functools.wraps(eager)
+        def named(gm, example_inputs):
+            return eager(gm, example_inputs)
+
         x = torch.ones(2)
-        for backend, expected in (
-            ("eager", x - 1),
-            (CompileCounterWithBackend("eager"), x - 1),
-            (my_backend, x - 1),
-            ("inductor", x + 1),
-            (CompileCounterWithBackend("inductor"), x + 1),
+        for backend, stacks in (
+            ("eager", True),
+            ("aot_eager", True),
+            (CompileCounterWithBackend("eager"), True),
+            (EagerAndRecordGraphs(), True),
+            (named, True),
+            (opaque, False),
+            ("inductor", False),
+            (CompileCounterWithBackend("inductor"), False),
         ):
             with self.subTest(backend=backend):
                 torch._dynamo.reset()
-                self.assertEqual(torch.compile(fn, backend=backend)(x), expected)
+                self.assertEqual(torch.compile(fn, backend=backend)(x), x + 1 if stacks else x - 1)
 
     def test_switch_is_guarded_with_a_readable_reason(self):
         params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]

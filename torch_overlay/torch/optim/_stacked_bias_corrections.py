@@ -21,25 +21,29 @@ import torch
 from torch import Tensor
 
 
-def compiles_for_inductor() -> bool:
-    """Whether the frame Dynamo is tracing is compiled by Inductor.
+def runs_graph_as_traced() -> bool:
+    """Whether the frame Dynamo is tracing goes to a backend known to run its graph op
+    by op: eager, aot_eager, and the torch._dynamo.testing backends built on them,
+    also behind wrappers that name what they wrap (``__wrapped__``, ``.backend``).
 
     Dynamo calls this at trace time and takes the result as a constant (marked below,
     as torch._dynamo.assume_constant_result does); no guard is needed, the backend is
-    part of every cache entry (BACKEND_MATCH). Inductor fuses the per-step foreach ops
-    itself, and lowers the N views of a stacked vector superlinearly in N (Adam over
-    200 CPU params: cold compile 32 s -> 115 s), so its graphs keep the foreach ops.
-    A backend Dynamo cannot see through (a plain function that calls compile_fx)
-    counts as not Inductor: turn the switch off for such a backend."""
+    part of every cache entry (BACKEND_MATCH). Other backends keep the foreach ops:
+    Inductor fuses them itself, and given the stacked graph its lowering of the N
+    views was superlinear in N (Adam over 200 CPU params: cold compile 32 s -> 115 s);
+    a backend Dynamo cannot see through may be Inductor."""
+    from torch._dynamo import testing
+    from torch._dynamo.backends.registry import lookup_backend
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
+    op_by_op = ("eager", "aot_eager")
     backend = InstructionTranslator.current_tx().output.compiler_fn
     for _ in range(16):  # unwrap Dynamo's and the test utilities' backend wrappers
         if isinstance(backend, str):
-            return backend == "inductor"
-        if isinstance(backend, torch._TorchCompileInductorWrapper):
+            return backend in op_by_op
+        if any(backend is lookup_backend(name) for name in op_by_op):
             return True
-        if getattr(backend, "__module__", None) == "torch._inductor.compile_fx":
+        if isinstance(backend, (testing.CompileCounter, testing.EagerAndRecordGraphs)):
             return True
         inner = next(
             (
@@ -55,20 +59,21 @@ def compiles_for_inductor() -> bool:
     return False
 
 
-compiles_for_inductor._dynamo_marked_constant = True  # type: ignore[attr-defined]
+runs_graph_as_traced._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def stacks_bias_corrections(steps: list[Tensor]) -> bool:
     """Whether the capturable bias corrections of ``steps`` run on one stacked vector:
     only while compiling (eager capturable steps live on an accelerator, and eager
-    non-capturable code uses Python floats) for a backend other than Inductor, and
-    only for 0-d CPU steps of one dtype, which the per-tensor path would take one by
-    one and ``torch.stack`` stacks without promoting."""
+    non-capturable code uses Python floats) for a backend that runs the graph op by
+    op (where the kernel count is the cost), and only for 0-d CPU steps of one dtype,
+    which the per-tensor path would take one by one and ``torch.stack`` stacks
+    without promoting."""
     if not (
         steps  # a group whose params have no grads steps nothing
         and torch.compiler.is_compiling()
         and torch._dynamo.config.optim_stacks_cpu_bias_corrections
-        and not compiles_for_inductor()
+        and runs_graph_as_traced()
     ):
         return False
     dtype = steps[0].dtype
