@@ -5,7 +5,12 @@
 import torch
 import torch._dynamo.test_case
 from torch._dynamo import config
-from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraphs
+from torch._dynamo.testing import EagerAndRecordGraphs
+
+try:
+    from .test_stacked_bias_corrections import step_compiled_and_eager
+except ImportError:
+    from test_stacked_bias_corrections import step_compiled_and_eager
 
 
 def count_calls(gm, target):
@@ -20,42 +25,20 @@ SHAPES = ((3, 3), (5,), (2, 4))
 
 
 class MomentumBuffersAtOnceTests(torch._dynamo.test_case.TestCase):
-    def run_steps(self, make_optimizer, steps=4, groups=1, prepare=None):
-        """Step a compiled and an eager optimizer with the same grads; after every step
-        compare params and every momentum buffer; return (graphs, frame_count)."""
-        torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(s)) for _ in range(groups) for s in SHAPES]
-        ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    def run_steps(self, make_optimizer, **kwargs):
+        """step_compiled_and_eager, comparing every momentum buffer with eager's; return
+        (graphs, frame_count)."""
 
-        def param_groups(ps):
-            k = len(SHAPES)
-            if groups == 1:
-                return ps
-            return [{"params": ps[i * k : (i + 1) * k], "lr": 0.01 * (i + 1)} for i in range(groups)]
-
-        opt = make_optimizer(param_groups(params))
-        ref = make_optimizer(param_groups(ref_params))
-        if prepare is not None:
-            prepare(opt, params)
-            prepare(ref, ref_params)
-        recording = EagerAndRecordGraphs()
-        cnt = CompileCounterWithBackend(recording)
-        compiled = torch.compile(opt.step, backend=cnt)
-        for i in range(steps):
-            for p, q in zip(params, ref_params):
-                p.grad = torch.randn(p.shape) * (i + 1)
-                q.grad = p.grad.clone()
-            compiled()
-            ref.step()
-            self.assertEqual(params, ref_params)
+        def same_buffers(opt, ref, params, ref_params):
             buffers = [opt.state[p]["momentum_buffer"] for p in params]
-            ref_buffers = [ref.state[q]["momentum_buffer"] for q in ref_params]
-            self.assertEqual(buffers, ref_buffers)
+            self.assertEqual(buffers, [ref.state[q]["momentum_buffer"] for q in ref_params])
             # Each its own tensor, not a grad, with no autograd history.
             self.assertEqual(len({b.data_ptr() for b in buffers}), len(params))
             self.assertFalse(any(b.data_ptr() == p.grad.data_ptr() for b, p in zip(buffers, params)))
             self.assertFalse(any(b.requires_grad or b.grad_fn is not None for b in buffers))
-        return recording.graphs, cnt.frame_count
+
+        graphs, frames, _ = step_compiled_and_eager(self, make_optimizer, same_buffers, shapes=SHAPES, **kwargs)
+        return graphs, frames
 
     def test_first_step_clones_the_grads_at_once(self):
         graphs, frames = self.run_steps(lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=True))

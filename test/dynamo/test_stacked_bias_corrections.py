@@ -23,34 +23,49 @@ def state_of(opt):
     return [{k: v.clone() for k, v in s.items()} for s in opt.state.values()]
 
 
+def step_compiled_and_eager(
+    test, make_optimizer, check, steps=4, groups=1, shapes=((3, 3), (5,), (2, 4)), prepare=None
+):
+    """Step a compiled and an eager optimizer with the same grads (optionally prepared
+    by prepare(opt, params) first); after every step compare the params and call
+    check(opt, ref, params, ref_params); return (graphs, frame_count, params)."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for _ in range(groups) for s in shapes]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+    def param_groups(ps):
+        k = len(shapes)
+        if groups == 1:
+            return ps
+        return [{"params": ps[i * k : (i + 1) * k], "lr": 0.01 * (i + 1)} for i in range(groups)]
+
+    opt = make_optimizer(param_groups(params))
+    ref = make_optimizer(param_groups(ref_params))
+    if prepare is not None:
+        prepare(opt, params)
+        prepare(ref, ref_params)
+    recording = EagerAndRecordGraphs()
+    cnt = CompileCounterWithBackend(recording)
+    compiled = torch.compile(opt.step, backend=cnt)
+    for i in range(steps):
+        for p, q in zip(params, ref_params):
+            p.grad = torch.randn(p.shape) * (i + 1)
+            q.grad = p.grad.clone()
+        compiled()
+        ref.step()
+        test.assertEqual(params, ref_params)
+        check(opt, ref, params, ref_params)
+    return recording.graphs, cnt.frame_count, params
+
+
 class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
-    def run_steps(self, make_optimizer, steps=4, groups=1, shapes=((3, 3), (5,), (2, 4))):
-        """Step a compiled and an eager optimizer with the same grads; after every step
-        compare params and every state entry; return (graphs, frame_count, params)."""
-        torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(s)) for _ in range(groups) for s in shapes]
-        ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    def run_steps(self, make_optimizer, **kwargs):
+        """step_compiled_and_eager, comparing every state entry with eager's."""
 
-        def param_groups(ps):
-            k = len(shapes)
-            if groups == 1:
-                return ps
-            return [{"params": ps[i * k : (i + 1) * k], "lr": 0.01 * (i + 1)} for i in range(groups)]
-
-        opt = make_optimizer(param_groups(params))
-        ref = make_optimizer(param_groups(ref_params))
-        recording = EagerAndRecordGraphs()
-        cnt = CompileCounterWithBackend(recording)
-        compiled = torch.compile(opt.step, backend=cnt)
-        for i in range(steps):
-            for p, q in zip(params, ref_params):
-                p.grad = torch.randn(p.shape) * (i + 1)
-                q.grad = p.grad.clone()
-            compiled()
-            ref.step()
-            self.assertEqual(params, ref_params)
+        def same_state(opt, ref, params, ref_params):
             self.assertEqual(state_of(opt), state_of(ref))
-        return recording.graphs, cnt.frame_count, params
+
+        return step_compiled_and_eager(self, make_optimizer, same_state, **kwargs)
 
     def test_adam_foreach_stacks_cpu_steps(self):
         graphs, frames, _ = self.run_steps(lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True))
