@@ -14,7 +14,11 @@ every N and optimizer step:
     record_pregraph_bytecode_enter/exit markers), graph (the backend's compiled
     callable) and after (the rest: post-graph bytecode, resume frames, glue), in µs
     and µs per tensor (tensors = parameters);
-  * eager opt.step() on an identical optimizer.
+  * eager opt.step() on an identical optimizer;
+  * the floor (patched side): the steady graph called straight from Python, its
+    inputs rebuilt on fresh grads the cheapest way (map(attrgetter("grad")) over
+    the parameters), no Dynamo: µs outside the graph that any Python caller of
+    that graph pays, the yardstick for before + after.
 
 Steps (parameters 4x4 float32, fresh grads every step as zero_grad(set_to_none=True)):
   sgd    torch.optim.SGD(lr=0.01, momentum=0.9, foreach=True)
@@ -67,6 +71,11 @@ class _Timeline:
         self.events: list[tuple[str, int]] = []
         self.graphs: list[Any] = []  # the GraphModules the marked call ran
         self.on = False
+        # With capture set, every graph call appends (callable, args, grad mode): the
+        # floor's inputs (_floor_inputs). Off while timing: kept args would keep the
+        # previous call's grads alive into the next.
+        self.capture = False
+        self.captured: list[tuple[Any, tuple[Any, ...], bool]] = []
 
     def mark(self, what: str) -> None:
         if self.on:
@@ -111,6 +120,10 @@ def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
         run_module = getattr(getattr(compiled, "func", compiled), "__self__", gm)
 
         def run(*args: Any) -> Any:
+            if timeline.capture:
+                import torch
+
+                timeline.captured.append((run, args, torch.is_grad_enabled()))
             if timeline.on:
                 timeline.graphs.append(run_module)
             timeline.mark("graph_start")
@@ -230,6 +243,82 @@ def _time_graph_attrs(graphs: list[Any]) -> int:
     return time.thread_time_ns() - start
 
 
+def _floor_inputs(timeline: _Timeline, call: Any, params: list[Any], refresh: Any) -> Any:
+    """For the floor: (graph callable, grad mode, a function that builds its inputs the
+    cheapest way a Python caller can), or None.
+
+    Two calls are captured on fresh grads: an input that was params[i].grad both times
+    is read again with map(attrgetter("grad")) over runs of consecutive parameters, an
+    input that was the same object both times is passed as captured; anything else (or
+    more than one graph per call) has no floor."""
+    import operator
+
+    captures = []
+    for step in range(2):
+        refresh(step)
+        timeline.capture, timeline.captured = True, []
+        try:
+            call()
+        finally:
+            timeline.capture = False
+        if len(timeline.captured) != 1:
+            timeline.captured = []
+            return None
+        graph, args, grad_mode = timeline.captured.pop()
+        grad_index = {id(p.grad): i for i, p in enumerate(params) if p.grad is not None}
+        captures.append((graph, args, grad_mode, [grad_index.get(id(a)) for a in args]))
+    (graph, first, grad_mode, first_grads), (_, second, _, second_grads) = captures
+    segments: list[tuple[str, Any, Any]] = []  # ("grads", start, stop) or ("objects", list, None)
+    for k, (a, b) in enumerate(zip(first, second)):
+        if first_grads[k] is not None and first_grads[k] == second_grads[k]:
+            i = first_grads[k]
+            if segments and segments[-1][0] == "grads" and segments[-1][2] == i:
+                segments[-1] = ("grads", segments[-1][1], i + 1)
+            else:
+                segments.append(("grads", i, i + 1))
+        elif a is b:
+            if segments and segments[-1][0] == "objects":
+                segments[-1][1].append(a)
+            else:
+                segments.append(("objects", [a], None))
+        else:
+            return None
+    getter = operator.attrgetter("grad")
+
+    def inputs() -> list[Any]:
+        out: list[Any] = []
+        for kind, a, b in segments:
+            out.extend(map(getter, params[a:b]) if kind == "grads" else a)
+        return out
+
+    return graph, grad_mode, inputs
+
+
+def _time_floor(timeline: _Timeline, floor: Any, refresh: Any, rounds: int, calls: int) -> float:
+    """Median µs per call outside the graph when the steady graph is called straight from
+    Python with inputs(), under the step's grad mode: no Dynamo frame, no guard, no
+    bytecode around it. What any caller of that graph from Python pays at least."""
+    import torch
+
+    graph, grad_mode, inputs = floor
+    around = []
+    for r in range(rounds):
+        tot = 0
+        for c in range(calls):
+            refresh(r * calls + c)
+            timeline.events.clear()
+            timeline.on = True
+            start = time.thread_time_ns()
+            with torch.set_grad_enabled(grad_mode):
+                graph(*inputs())
+            end = time.thread_time_ns()
+            timeline.on = False
+            marks = dict(timeline.events)
+            tot += (end - start) - (marks["graph_end"] - marks["graph_start"])
+        around.append(tot / calls)
+    return _median_us(around)
+
+
 def _median_us(samples: list[float]) -> float:
     return statistics.median(samples) / 1e3
 
@@ -305,6 +394,12 @@ def bench_torch(
             attr_ns.append(0.0)
     recompiled_steady = counter.frame_count != frames_compiled
 
+    def refresh(i: int) -> None:
+        _set_grads(params, steps + 1 + rounds * calls + i)
+
+    floor = None if recompiled_steady else _floor_inputs(timeline, compiled, params, refresh)
+    floor_us = None if floor is None else _time_floor(timeline, floor, refresh, rounds, calls)
+
     # Eager opt.step() on an identical optimizer, same grads schedule.
     eparams = _params(n, 0)
     eopt = _make_optimizer(kind, eparams)
@@ -336,6 +431,7 @@ def bench_torch(
         "graph_attr_us": attrs,
         "guards_passed": guards_passed,
         "after_us": max(call - guard - before - graph, 0.0),
+        "floor_us": floor_us,
         "eager_us": _median_us(eager_ns),
     }
 
@@ -471,14 +567,18 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
         print(f"  N={p['n']:<5} {p['kind']:<8} {versus}"
               f"patched call/eager {p['call_us'] / p['eager_us']:4.2f}x  patched before+after {around:6.0f} ns/tensor")
     print("where the patched call's time outside eager's work goes (ns per tensor): guard check, "
-          "graph get_attr loads (inside the graph column: nn.Module.__getattr__ per static tensor), before+after")
+          "graph get_attr loads (inside the graph column: nn.Module.__getattr__ per static tensor), before+after;")
+    print("  floor: the same graph called straight from Python, its grads read with map(attrgetter), no Dynamo "
+          "(what any caller of it from Python pays outside the graph)")
     for p in patched["results"]:
         n = p["n"]
         flag = ("" if p.get("guards_passed", True)
                 else "  (! a guard check failed when timed apart: figure not the call's)")
+        floor = p.get("floor_us")
+        floor_text = "   n/a" if floor is None else f"{floor / n * 1e3:6.0f}"
         print(f"  N={n:<5} {p['kind']:<8} guard {p['guard_us'] / n * 1e3:6.0f}  graph get_attr "
               f"{p.get('graph_attr_us', 0.0) / n * 1e3:6.0f}  before+after "
-              f"{(p['before_us'] + p['after_us']) / n * 1e3:6.0f}{flag}")
+              f"{(p['before_us'] + p['after_us']) / n * 1e3:6.0f}  floor {floor_text}{flag}")
     sizes = sorted({r["n"] for r in patched["results"]})
     if 1000 in sizes and 3000 in sizes:
         print("scaling N=3000 vs N=1000 (patched, ratio of per-tensor costs; linear = 1.00x):")
@@ -486,8 +586,12 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
             a, b = key.get((1000, kind)), key.get((3000, kind))
             if a and b:
                 around_a = max(a["before_us"] + a["after_us"], 1e-9)
-                print(f"  {kind:<8} call {b['call_us'] / 3 / a['call_us']:4.2f}x  before+after "
-                      f"{(b['before_us'] + b['after_us']) / 3 / around_a:4.2f}x  first compile "
+                floor = (f"  floor {b['floor_us'] / 3 / a['floor_us']:4.2f}x"
+                         if a.get("floor_us") and b.get("floor_us") else "")
+                print(f"  {kind:<8} call {b['call_us'] / 3 / a['call_us']:4.2f}x  eager "
+                      f"{b['eager_us'] / 3 / a['eager_us']:4.2f}x  call/eager "
+                      f"{(b['call_us'] / b['eager_us']) / (a['call_us'] / a['eager_us']):4.2f}x  before+after "
+                      f"{(b['before_us'] + b['after_us']) / 3 / around_a:4.2f}x{floor}  first compile "
                       f"{b['first_s'] / 3 / a['first_s']:4.2f}x")
     print()
     print("medians over the rows of each side (call/eager; before+after ns per tensor):")
