@@ -597,8 +597,11 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(compiled(x, cache_c, extra_c), fn(x, cache_e, extra_e))
                 self.assertEqual(len(extra_c), len(extra_e))
         self.assertIn(
-            "argument 'extra' is a list from outside the frame that no guard spec names", "\n".join(logs.output)
+            "argument 'extra' (L['extra']) is a list from outside the frame that the guarded inputs ['cache'] "
+            "do not reach (the function may read or fill it); name it in guards=[...] (e.g. 'extra') to cover it",
+            "\n".join(logs.output),
         )
+        self.assertEqual(cnt.frame_count, 3)  # traced: the appended tensor's list grows every call
 
     def test_spec_naming_a_missing_attribute_falls_back_visibly(self):
         # The fallback to tracing is logged at INFO, so TORCH_LOGS=dynamo shows it.
@@ -1064,6 +1067,229 @@ class InitValuesOnceGuardCoverageTests(torch._dynamo.test_case.TestCase):
                 guard_failures.clear()
                 self.check_structure_change(Holder, mutate, fn, reason)
 
+
+
+class DesignSGD:
+    """The design's example, verbatim: `group` is not named in the guards; it is one of
+    `self.param_groups`' dicts, which the `self.param_groups` guards cover."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9):
+        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum}]
+        self.state = {}
+
+    @torch._dynamo.init_values_once(guards=["self.state", "self.param_groups"])
+    def _init_group(self, group, params_with_grad, grads, bufs):
+        INIT_CALLS[id(self)] += 1
+        for p in group["params"]:
+            if p.grad is not None:
+                params_with_grad.append(p)
+                grads.append(p.grad)
+                state = self.state.setdefault(p, {})
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(state["momentum_buffer"])
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params_with_grad, grads, bufs = [], [], []
+            self._init_group(group, params_with_grad, grads, bufs)
+            for p, g, b in zip(params_with_grad, grads, bufs):
+                b.mul_(group["momentum"]).add_(g)
+                p.add_(b, alpha=-group["lr"])
+
+
+def grad_becomes_none(opt):
+    opt.param_groups[0]["params"][1].grad = None
+
+
+def param_group_added(opt):
+    opt.param_groups.append({"params": make_params(2, seed=7), "lr": 0.05, "momentum": 0.5})
+
+
+def state_entry_removed(opt):
+    del opt.state[opt.param_groups[0]["params"][2]]
+
+
+def state_dtype_changes(opt):
+    state = opt.state[opt.param_groups[0]["params"][0]]
+    state["momentum_buffer"] = state["momentum_buffer"].double()
+
+
+class InitValuesOnceDesignExampleTests(torch._dynamo.test_case.TestCase):
+    """`init_values_once(guards=["self.state", "self.param_groups"])` on
+    `_init_group(self, group, ...)`, called per group of `self.param_groups`."""
+
+    def setUp(self):
+        super().setUp()
+        INIT_CALLS.clear()
+
+    def make_pair(self, n=4):
+        eager, compiled = DesignSGD(make_params(n)), DesignSGD(make_params(n))
+        cnt = CompileCounter()
+        return eager, compiled, torch.compile(compiled.step, backend=cnt), cnt
+
+    def step_both(self, eager, compiled, step, i, mutate=None, grads_of=None):
+        """`mutate` both, give them the same fresh grads (every param, or those
+        `grads_of` picks by index), step, then compare params, grads' presence and state."""
+        for opt in (eager, compiled):
+            if mutate is not None:
+                mutate(opt)
+            params = [p for g in opt.param_groups for p in g["params"]]
+            gen = torch.Generator().manual_seed(100 + i)
+            for k, p in enumerate(params):
+                p.grad = torch.randn(3, 3, generator=gen) if grads_of is None or grads_of(k) else None
+        eager.step()
+        step()
+        self.assertEqual(len(compiled.param_groups), len(eager.param_groups))
+        for group_e, group_c in zip(eager.param_groups, compiled.param_groups):
+            for pe, pc in zip(group_e["params"], group_c["params"]):
+                self.assertEqual(pc, pe)
+                self.assertEqual(pc.grad is None, pe.grad is None)
+                self.assertEqual(pc in compiled.state, pe in eager.state)
+                if pe in eager.state:
+                    self.assertEqual(compiled.state[pc], eager.state[pe])
+                    self.assertEqual(
+                        compiled.state[pc]["momentum_buffer"].dtype, eager.state[pe]["momentum_buffer"].dtype
+                    )
+
+    def test_runs_once_and_compiles_once(self):
+        eager, compiled, step, cnt = self.make_pair()
+        for i in range(5):
+            self.step_both(eager, compiled, step, i)
+            self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(dict(counters["graph_break"]), {})
+        self.assertEqual(INIT_CALLS[id(compiled)], 1)  # at trace time only
+        self.assertEqual(INIT_CALLS[id(eager)], 5)
+
+    def test_group_argument_needs_no_guard_of_its_own(self):
+        # `group` is reached by the same path as `self.param_groups[0]`: no identity
+        # guard on the dict, no CONSTANT_MATCH on its values beyond the spec's own.
+        guards = []
+        params = make_params(3)
+        opt = DesignSGD(params)
+        set_grads(params, 0)
+        torch._dynamo.optimize(CompileCounter(), guard_export_fn=guards.extend)(opt.step)()
+        self.assertEqual(INIT_CALLS[id(opt)], 1)
+        group_guards = {g.create_fn_name() for g in guards if g.name == "L['self'].param_groups[0]"}
+        self.assertNotIn("ID_MATCH", group_guards)
+        self.assertNotIn("DUPLICATE_INPUT", group_guards)
+
+    def test_each_guarded_change_recompiles_once(self):
+        def grad_appears(opt):
+            pass  # the grads are set by step_both: none for param 1 on steps 0-1
+
+        grad_1 = "fn.__self__.param_groups[0]['params'][1].grad"
+        cases = [
+            (grad_becomes_none, None, f"{grad_1} is not None"),
+            (grad_appears, lambda k: k != 1, f"{grad_1} is None"),
+            (param_group_added, None, "len(fn.__self__.param_groups) == 1"),
+            (state_dtype_changes, None, "momentum_buffer']' dtype mismatch. expected Float, actual Double"),
+            (state_entry_removed, None, "len(fn.__self__.state) != 4"),
+        ]
+        for mutate, first_grads, reason in cases:
+            with self.subTest(mutate.__name__):
+                torch._dynamo.reset()
+                INIT_CALLS.clear()
+                guard_failures.clear()
+                eager, compiled, step, cnt = self.make_pair()
+                for i in range(2):
+                    self.step_both(eager, compiled, step, i, grads_of=first_grads)
+                self.assertEqual(cnt.frame_count, 1)
+                self.assertEqual(INIT_CALLS[id(compiled)], 1)
+                # grad_becomes_none / grad_appears: the grads of this step decide.
+                keep = (lambda k: k != 1) if mutate is grad_becomes_none else None
+                self.step_both(eager, compiled, step, 2, mutate=mutate, grads_of=keep)
+                self.assertEqual(cnt.frame_count, 2)
+                calls = 3 if mutate is param_group_added else 2  # the second trace calls it per group
+                self.assertEqual(INIT_CALLS[id(compiled)], calls)
+                # step is no_grad-decorated: the compiled frame is the decorator's wrapper.
+                reasons = [r for code_reasons in guard_failures.values() for r in code_reasons]
+                self.assertEqual(len(reasons), 1, reasons)
+                self.assertIn(reason, reasons[0])
+                self.step_both(eager, compiled, step, 3, grads_of=keep)
+                self.assertEqual(cnt.frame_count, 2)
+                self.assertEqual(INIT_CALLS[id(compiled)], calls)
+                self.assertEqual(dict(counters["graph_break"]), {})
+
+    def test_changes_in_sequence(self):
+        # 5 steps, a grad turns None, then a param group is added: 1, 2, 3 frames.
+        eager, compiled, step, cnt = self.make_pair()
+        for i in range(5):
+            self.step_both(eager, compiled, step, i)
+        self.assertEqual(cnt.frame_count, 1)
+        no_grad_1 = lambda k: k != 1  # noqa: E731
+        for i in range(5, 8):
+            self.step_both(eager, compiled, step, i, grads_of=no_grad_1)
+        self.assertEqual(cnt.frame_count, 2)
+        self.step_both(eager, compiled, step, 8, mutate=param_group_added, grads_of=no_grad_1)
+        for i in range(9, 12):
+            self.step_both(eager, compiled, step, i, grads_of=no_grad_1)
+        self.assertEqual(cnt.frame_count, 3)
+        self.assertEqual(INIT_CALLS[id(compiled)], 1 + 1 + 2)  # the third trace calls it per group
+
+    def test_group_passed_under_another_name_must_stay_that_object(self):
+        # The caller passes the group itself: the argument is an alias of
+        # L['opt'].param_groups[0], so a later call with another dict fails a guard.
+        def fn(opt, group):
+            params_with_grad, grads, bufs = [], [], []
+            opt._init_group(group, params_with_grad, grads, bufs)
+            return [b.clone() for b in bufs]
+
+        params = make_params(3)
+        opt = DesignSGD(params)
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        set_grads(params, 0)
+        for _ in range(2):
+            self.assertEqual(compiled(opt, opt.param_groups[0]), fn(opt, opt.param_groups[0]))
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(INIT_CALLS[id(opt)], 1 + 2)  # once at trace time, twice eagerly
+        other = {"params": make_params(2, seed=3), "lr": 0.1, "momentum": 0.9}
+        set_grads(other["params"], 1)
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            result = compiled(opt, other)
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(len(result), 2)
+        for p, b in zip(other["params"], result):
+            self.assertIs(opt.state[p]["momentum_buffer"].dtype, b.dtype)
+            self.assertEqual(b, torch.zeros(3, 3))
+        self.assertIn("opt.param_groups[0] is group ", guard_failures[fn.__code__][0])
+        # A dict the guarded inputs do not reach is traced, and the reason names the specs.
+        self.assertIn(
+            "argument 'group' (L['group']) is a dict from outside the frame that the guarded inputs "
+            "['self.state', 'self.param_groups'] do not reach",
+            "\n".join(logs.output),
+        )
+
+
+    def test_set_argument_is_traced_even_when_reachable(self):
+        # A set is a leaf of the guarded pytree: its items are not guarded, so a set
+        # the function reads must not be skipped over.
+        class Tags:
+            def __init__(self):
+                self.meta = {"tags": {"a"}, "w": torch.ones(2)}
+
+            @torch._dynamo.init_values_once(guards=["self.meta"])
+            def weight(self, tags, out):
+                out.append(self.meta["w"] * len(tags))
+
+        def fn(holder, x):
+            out = []
+            holder.weight(holder.meta["tags"], out)
+            return x + out[0]
+
+        eager, compiled_holder = Tags(), Tags()
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        with self.assertLogs("torch._dynamo.variables.init_once", level=logging.DEBUG) as logs:
+            for tag in ("b", "c"):
+                x = torch.randn(2)
+                self.assertEqual(compiled(compiled_holder, x), fn(eager, x))
+                eager.meta["tags"].add(tag)
+                compiled_holder.meta["tags"].add(tag)
+        self.assertIn("argument 'tags' (L['holder'].meta['tags']) is a set from outside the frame", logs.output[0])
+        self.assertEqual(cnt.frame_count, 2)  # traced: len(tags) is guarded and changes
 
 
 if __name__ == "__main__":

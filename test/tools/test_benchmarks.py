@@ -25,14 +25,20 @@ def run_script(name: str, *args: str) -> str:
 
 class BenchSkipGuardTest(unittest.TestCase):
     def test_frames_per_case(self):
-        out = run_script("bench_skip_guard.py", "--sizes", "12", "--steps", "3", "--steady-steps", "3")
+        # This interpreter as the (s) worker's too: the row's shape, not stock's figures.
+        out = run_script(
+            "bench_skip_guard.py", "--sizes", "12", "--steps", "3", "--steady-steps", "3",
+            "--stock-python", sys.executable,
+        )
         frames = {
             m.group(1): int(m.group(2))
             for m in re.finditer(r"^\s+12 \((\w)\) .*?\s(\d+)\s+[\d.]+$", out, re.MULTILINE)
         }
-        # (a) recompiles on every step (stock); (b) and the floor (d) compile once;
-        # torch.optim.SGD (c) compiles twice (its first step has no momentum buffers).
-        self.assertEqual(frames, {"a": 3, "b": 1, "c": 2, "d": 1}, out)
+        # (a) and (s) recompile on every step (traced through); (b), the design's example,
+        # and the floor (d) compile once; torch.optim.SGD (c) compiles twice (its first
+        # step has no momentum buffers).
+        self.assertEqual(frames, {"a": 3, "b": 1, "c": 2, "d": 1, "s": 3}, out)
+        self.assertIn("first compile s/b", out)
         self.assertIn("first compile a/b", out)
 
 

@@ -87,7 +87,7 @@ def init_values_once(guards: Sequence[str]) -> Callable[[_F], _F]:
     guard on the inputs named by ``guards``.
 
     ``guards`` are parameter names, optionally followed by attribute and item steps:
-    ``["self.state", "self.param_groups", "group"]``. Each named input is guarded
+    ``["self.state", "self.param_groups"]``. Each named input is guarded
     pytree-style after the call: container types, lengths, dict keys and their order,
     every tensor's metadata (dtype, device, shape, stride, requires_grad) and whether
     it has a ``.grad`` (and the grad's metadata). While the guards pass, the compiled
@@ -108,11 +108,14 @@ def init_values_once(guards: Sequence[str]) -> Callable[[_F], _F]:
 
     Arguments that come from outside the frame and are not named in ``guards`` are
     guarded too: constants by value, tensors by metadata, other objects by identity.
+    A list or dict that a guarded input reaches is covered by that input's guards:
+    ``group`` in ``for group in self.param_groups: self._init_group(group, ...)``
+    needs no spec of its own (passed under another name, it must stay that object).
 
     When the call cannot be made equivalent to tracing it, Dynamo traces the function
     normally instead and logs why on ``torch._dynamo.variables.init_once``: an argument
-    has no real value at trace time (a tensor computed in the graph) or is a list or
-    dict from outside the frame that no spec names; an object reachable from a guarded
+    has no real value at trace time (a tensor computed in the graph) or is a list,
+    dict or set from outside the frame that no guarded input covers; an object reachable from a guarded
     input was already mutated in the frame (under any name); the function returned a
     tensor that is not reachable from its guarded inputs; or it changed a container the
     frame had already read in a way the frame's view of it cannot follow (it replaced or

@@ -368,7 +368,7 @@ class InitValuesOnceVariable(VariableTracker):
         real = self._real_arguments(tx, bound.arguments, filled_lists)
         roots = self._guarded_roots(tx, bound.arguments, real)
         self._check_no_pending_mutations(tx, roots)
-        self._guard_arguments(tx, bound.arguments)
+        self._guard_arguments(tx, bound.arguments, roots)
         view = _FrameView(tx, roots)
 
         call = self.entry.signature.bind_partial()
@@ -460,22 +460,38 @@ class InitValuesOnceVariable(VariableTracker):
             return value
         raise InlineInstead(f"argument {name!r} ({type(vt).__name__}) has no real value at trace time")
 
-    def _guard_arguments(self, tx: InstructionTranslatorBase, bound_vts: dict[str, VariableTracker]) -> None:
+    def _guard_arguments(
+        self,
+        tx: InstructionTranslatorBase,
+        bound_vts: dict[str, VariableTracker],
+        roots: list[tuple[GuardSpec, Any, Source]],
+    ) -> None:
         """Guard what the call depends on besides its guarded inputs: the arguments the
         frame got from outside (with a source) that no guard spec names. The compiled
         code does not call the function again while its guards pass, so each must be
         the same on a later call: constants by value (CONSTANT_MATCH), tensors by
         metadata (the contract: the function reads nothing else of them), any other
         object by identity (ID_MATCH). A list, dict or set from outside may be read
-        item by item or filled by the function: it must be a guarded input."""
+        item by item or filled by the function: it is covered when it is an object the
+        guarded inputs reach (``group`` from ``for group in self.param_groups``), whose
+        guards check its items; otherwise the call is traced."""
         named = {spec.root for spec in self.entry.guards}
+        covered: dict[int, tuple[Any, Source]] = {}
+        for _, value, source in roots:
+            _pytree_sources(value, source, covered)
         for name, vt in bound_vts.items():
             kind = self.entry.signature.parameters[name].kind
             if name in named or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
                 continue
-            self._guard_argument(tx, name, vt)
+            self._guard_argument(tx, name, vt, covered)
 
-    def _guard_argument(self, tx: InstructionTranslatorBase, name: str, vt: VariableTracker) -> None:
+    def _guard_argument(
+        self,
+        tx: InstructionTranslatorBase,
+        name: str,
+        vt: VariableTracker,
+        covered: dict[int, tuple[Any, Source]],
+    ) -> None:
         from ..guards import GuardBuilder, install_guard
         from .constant import ConstantVariable
         from .lazy import LazyVariableTracker
@@ -485,7 +501,7 @@ class InitValuesOnceVariable(VariableTracker):
             vt = vt.unwrap()
         if type(vt) is ListVariable and vt.source is None:
             for i, item in enumerate(vt.items):
-                self._guard_argument(tx, f"{name}[{i}]", item)
+                self._guard_argument(tx, f"{name}[{i}]", item, covered)
             return
         source = vt.source
         if source is None:
@@ -493,15 +509,45 @@ class InitValuesOnceVariable(VariableTracker):
         value = tx.output.resolve_source_value(source)
         if isinstance(value, torch.Tensor):
             LazyVariableTracker.realize_all(vt)
-        elif isinstance(value, (dict, list, set)):
+        elif isinstance(value, (dict, list)):
+            if id(value) in covered:
+                self._guard_alias_of_guarded_input(name, source, covered[id(value)][1])
+                return
+            specs = ", ".join(repr(spec.text) for spec in self.entry.guards)
             raise InlineInstead(
-                f"argument {name!r} is a {type(value).__name__} from outside the frame that no guard "
-                "spec names (the function may read or fill it)"
+                f"argument {name!r} ({source.name}) is a {type(value).__name__} from outside the frame "
+                f"that the guarded inputs [{specs}] do not reach (the function may read or fill it); "
+                f"name it in guards=[...] (e.g. {name!r}) to cover it"
+            )
+        elif isinstance(value, set):
+            # A leaf of the guarded pytree, even when reachable: its items are not guarded.
+            raise InlineInstead(
+                f"argument {name!r} ({source.name}) is a set from outside the frame (the function may read "
+                "or fill it, and guards do not cover a set's items)"
             )
         elif ConstantVariable.is_literal(value):
             install_guard(source.make_guard(GuardBuilder.CONSTANT_MATCH))
         else:
             install_guard(source.make_guard(GuardBuilder.ID_MATCH))
+
+    @staticmethod
+    def _guard_alias_of_guarded_input(name: str, source: Source, guarded: Source) -> None:
+        """Argument `name` is an object a guarded input reaches under `guarded`, whose
+        guards check its type and items. Reached by the same path (``group`` iterated
+        from ``self.param_groups``) it needs nothing more; under another name (a global
+        alias) it must stay that same object on later calls."""
+        from ..guards import GuardBuilder, install_guard, make_dupe_guard
+
+        if source == guarded:
+            return
+        dupe = make_dupe_guard(source, guarded)
+        if dupe is not None:
+            install_guard(source.make_guard(dupe))
+        else:
+            # One local and one global source: the aliasing guard cannot pair them
+            # (make_dupe_guard); pin both to the object instead.
+            log.debug("init_values_once: argument %r pinned by identity, with %s", name, guarded.name)
+            install_guard(source.make_guard(GuardBuilder.ID_MATCH), guarded.make_guard(GuardBuilder.ID_MATCH))
 
     def _guarded_roots(
         self, tx: InstructionTranslatorBase, bound_vts: dict[str, VariableTracker], real: dict[str, Any]
