@@ -19,7 +19,7 @@ namespaces: once with every call made eagerly, once with ``frame`` compiled by
 A failing program is shrunk by dropping operations, steps and setup lines while it
 still fails the same way (``shrink``), so reports carry a small readable repro.
 
-Families (``FAMILIES``) follow the README's features table: ``scalars`` (module int and
+Families (``FAMILIES``) follow the features in docs/features.md: ``scalars`` (module int and
 float attributes mutated in the frame), ``optim`` (torch.optim optimizers), ``init_once``
 (``init_values_once`` inputs, guarded inputs mutated between calls and in the frame),
 ``hooks`` (every hook kind registered and removed around and inside the frame) and

@@ -70,8 +70,8 @@ class Holder(torch.nn.Module):
         self.handles = []
 
 
-# Each case: fn(m, x), graph breaks expected patched (0 unless documented in the
-# README as out of scope), and whether the protocol removes handles before backward.
+# Each case: fn(m, x), graph breaks expected patched (0 unless documented in
+# docs/features.md as out of scope), and whether the protocol removes handles before backward.
 def input_returned(m, x):
     h = x.register_hook(double)
     return x.sin(), h
@@ -235,7 +235,7 @@ CASES = {
     "closure_over_intermediate": (closure_over_intermediate, 0, False),
     "lambda_on_input": (lambda_on_input, 0, False),
     "post_accumulate_grad": (post_accumulate_grad, 0, False),
-    # Out of scope (README): a hook traced into the graph cannot append to a
+    # Out of scope (docs/features.md): a hook traced into the graph cannot append to a
     # global list. Compiled autograd calls the hook itself: no graph break.
     "intermediate_side_effect_hook": (
         intermediate_side_effect_hook,

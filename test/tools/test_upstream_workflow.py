@@ -71,7 +71,7 @@ class ExportPrsTest(ProjectCopyTestCase):
     def test_verify_runs_each_prs_own_tests_from_the_amd_tree(self):
         """export-prs --verify on the first PR, with a small test file in place of its own: it runs from
         the git-am'd tree against a venv holding that tree's files (two cases check that), and its
-        failing case fails the PR. (The full run over every PR takes about 35 minutes, see README.)"""
+        failing case fails the PR. (The full run over every PR takes about 35 minutes, see docs/toolchain.md.)"""
         (self.project / "test/dynamo/test_am_fixture.py").write_text(
             AM_FIXTURE + "\n\ndef test_fails_on_purpose():\n    assert False\n")
         for patch in (self.patch, self.project / "patches/2.14.1" / self.patch.name):  # and its override
