@@ -393,13 +393,7 @@ def gen_optim(r: random.Random, backend: str) -> dict[str, Any]:
         + "]",
         keep=True,
     )
-    if groups == 1:
-        spec = "params"
-    else:
-        cut = r.randint(1, len(shapes) - 1)
-        spec = f'[{{"params": params[:{cut}]}}, {{"params": params[{cut}:], "lr": 0.005}}]'
-    tags = (f"optim.{kind}", f"optim.foreach_{foreach}", f"optim.groups_{groups}")
-    opt = Op(f"opt = torch.optim.{kind}({spec}, {kwargs}, foreach={foreach})", tags, keep=True)
+    cut = len(shapes) if groups == 1 else r.randint(1, len(shapes) - 1)
     frame = [Op("opt.step()", ("optim.step",), keep=True)]
     if r.random() < 0.3:
         frame.append(Op("y = y + params[0].sum()", ("optim.read_param",)))
@@ -451,8 +445,29 @@ def gen_optim(r: random.Random, backend: str) -> dict[str, Any]:
     for j, step in enumerate(steps):
         if j and not step.pre:
             step.pre.append(Op(f"fresh_grads({j})", ("optim.fresh_grads",)))
+    picked_backend = _pick_backend(r, backend)
+
+    # Drawn last, so the programs of seeds without a duplicate are what they were.
+    tags = (f"optim.{kind}", f"optim.foreach_{foreach}", f"optim.groups_{groups}")
+    # A parameter listed twice in its group (torch.optim warns; a parameter in two groups
+    # raises): it shares its grad and state, and the optimizer updates it twice. Not with
+    # foreach ops for a backend that functionalizes the graph: AOTAutograd applies one of
+    # the two in-place updates of a tensor listed twice (torch._foreach_add_([a, a], 1)
+    # adds 1), without this series too.
+    if r.random() < 0.25 and not (foreach and picked_backend != "eager"):
+        members = [list(range(cut)), list(range(cut, len(shapes)))][: groups]
+        group = r.randrange(groups)
+        members[group].insert(r.randint(0, len(members[group])), r.choice(members[group]))
+        lists = ["[" + ", ".join(f"params[{i}]" for i in m) + "]" for m in members]
+        spec = lists[0] if groups == 1 else f'[{{"params": {lists[0]}}}, {{"params": {lists[1]}, "lr": 0.005}}]'
+        tags += ("optim.duplicate_param",)
+    elif groups == 1:
+        spec = "params"
+    else:
+        spec = f'[{{"params": params[:{cut}]}}, {{"params": params[{cut}:], "lr": 0.005}}]'
+    opt = Op(f"opt = torch.optim.{kind}({spec}, {kwargs}, foreach={foreach})", tags, keep=True)
     return dict(
-        backend=_pick_backend(r, backend),
+        backend=picked_backend,
         config={},
         template=OPTIM_TEMPLATE,
         sections={"params": [params], "opt": [opt], "frame": frame},

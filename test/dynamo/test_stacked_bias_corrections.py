@@ -222,6 +222,51 @@ class StackedBiasCorrectionTests(torch._dynamo.test_case.TestCase):
             ref.step()
             self.assertEqual(params, ref_params)
 
+    def test_step_listed_twice_in_a_group(self):
+        # torch.optim only warns about a parameter listed twice in a group.
+        # _single_tensor_adam increments a step right before its parameter's update, so
+        # eager's two updates of that parameter see steps k+1 and k+2; the stacked
+        # pre-pass increments every step first (both would see k+2), so such a group
+        # keeps the per-step ops. _multi_tensor_adam increments all steps before reading
+        # any, so its stacked vector may hold a step twice. Two parameters sharing one
+        # step tensor are the same case.
+        import warnings
+
+        def listed_twice(ps):
+            return [*ps, ps[0]]
+
+        def share_step(opt, params):
+            for p in params:
+                p.grad = torch.ones_like(p)
+            opt.step()
+            opt.state[params[2]]["step"] = opt.state[params[0]]["step"]
+
+        cases = {
+            "distinct": (lambda ps: ps, None, True),
+            "param listed twice": (listed_twice, None, False),
+            "step shared": (lambda ps: ps, share_step, False),
+        }
+        for name, (group, prepare, distinct) in cases.items():
+            for cls in (torch.optim.Adam, torch.optim.AdamW):
+                for foreach in (True, False):
+                    with self.subTest(name, cls=cls.__name__, foreach=foreach):
+                        torch._dynamo.reset()
+                        with warnings.catch_warnings():
+                            # "optimizer contains a parameter group with duplicate parameters"
+                            warnings.simplefilter("ignore", UserWarning)
+                            graphs, frames, _ = self.run_steps(
+                                lambda ps: cls(group(ps), lr=0.01, foreach=foreach), prepare=prepare
+                            )
+                        self.assertEqual(frames, 1)
+                        (gm,) = graphs
+                        if foreach or distinct:
+                            self.assertEqual(count_calls(gm, torch.stack), 1)
+                            self.assertEqual(count_calls(gm, torch._foreach_pow), 0)
+                            self.assertEqual(count_pows(gm), 2)
+                        else:
+                            self.assertEqual(count_calls(gm, torch.stack), 0)
+                            self.assertEqual(count_pows(gm), 2 * len(group([0, 1, 2])))  # two per entry
+
     def test_other_steps_keep_per_step_ops(self):
         # A checkpoint can hold a step of shape [1] or of another dtype; stacking it
         # with the others would fail or promote, so the group keeps per-step ops.

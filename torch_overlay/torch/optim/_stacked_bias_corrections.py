@@ -80,6 +80,18 @@ def stacks_bias_corrections(steps: list[Tensor]) -> bool:
     return all(step.is_cpu and step.dim() == 0 and step.dtype == dtype for step in steps)
 
 
+def steps_are_distinct(steps: list[Tensor]) -> bool:
+    """Whether no step tensor is listed twice (a parameter listed twice in a group,
+    which torch.optim only warns about, or two parameters' states sharing a step).
+    _single_tensor_adam increments a parameter's step just before its update, so the
+    second update of a doubly listed step sees one more increment than the first; its
+    stacked pre-pass, incrementing every step first, is only the same when the steps
+    are distinct. (_multi_tensor_adam increments all steps before reading any, so a
+    step listed twice is no different there.) dict.fromkeys, not a set: Dynamo builds
+    the dict in one call, where it traces set's constructor element by element."""
+    return len(dict.fromkeys(steps)) == len(steps)
+
+
 def adam_bias_corrections(
     steps: list[Tensor],
     beta1: float | Tensor,
