@@ -955,6 +955,8 @@ def frame(x, n):
 HOLDERS = {
     # name: (setup code with {n}, access expression, kind)
     "global_list": ("holder = [rnd(i, 2, 3) for i in range({n})]", "holder", "list"),
+    # a variant of global_list (gen_containers)
+    "global_tuple": ("holder = tuple(rnd(i, 2, 3) for i in range({n}))", "holder", "tuple"),
     "global_dict": ('holder = {{f"k{{i}}": rnd(i, 2, 3) for i in range({n})}}', "holder", "dict"),
     "module_list": (
         "class Holder(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -992,10 +994,19 @@ HOLDERS = {
 
 
 def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
-    # the nested dicts twice as often: their trees hold tag-safe nn.Module roots
-    holder_name = r.choice(list(HOLDERS) + ["module_nested_dict", "submodule_nested_dict"])
+    # the nested dicts twice as often: their trees hold tag-safe nn.Module roots; the
+    # global tuple is drawn as a variant of the global list (the other holders' seeds
+    # keep their programs)
+    holder_name = r.choice(
+        [h for h in HOLDERS if h != "global_tuple"] + ["module_nested_dict", "submodule_nested_dict"]
+    )
+    global_sequence = holder_name == "global_list"
+    if global_sequence and r.random() < 0.5:
+        holder_name = "global_tuple"
     code, c, kind = HOLDERS[holder_name]
-    n = r.randint(8, 11)
+    # A global list or tuple (reached through the globals dict) around the native
+    # guard's threshold, config.tensor_container_guard_min_size (8); others above it.
+    n = r.randint(6, 10) if global_sequence else r.randint(8, 11)
     recursive = r.random() < 0.5
     holder = [Op(code.format(n=n), (f"containers.{holder_name}",), keep=True)]
     values = f"{c}.values()" if kind == "dict" else c
@@ -1014,6 +1025,11 @@ def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
     def elem(i: int) -> str:
         return f'{c}["k{i}"]' if kind == "dict" else f"{c}[{i}]"
 
+    def rebind(value: str) -> str:
+        # A tuple is never written to: the global is rebound (globals(): a `global`
+        # statement after another op's use of the name would not compile).
+        return f'globals()["{c}"] = {value}\nTRACK["holder"] = {c}'
+
     def pre(i: int) -> list[Op]:
         j = r.randint(0, n - 1)
         e = elem(j)
@@ -1025,11 +1041,22 @@ def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
                 ("containers.data_shape",),
             ),
             lambda: Op(f"{e}.t_()", ("containers.t_",)),
-            lambda: Op(f"{e} = rnd({2100 + i}, 2, 3)", ("containers.replace_same_meta",)),
         ]
-        if kind != "plist":
-            choices.append(lambda: Op(f"{e} = {e}.double()", ("containers.dtype",)))
+        if kind == "tuple":
+            choices.append(
+                lambda: Op(
+                    rebind(f"{c}[:{j}] + (rnd({2100 + i}, 2, 3),) + {c}[{j + 1}:]"),
+                    ("containers.replace_same_meta",),
+                )
+            )
+            choices.append(lambda: Op(rebind(f"{c}[:{j}] + ({e}.double(),) + {c}[{j + 1}:]"), ("containers.dtype",)))
+            choices.append(lambda: Op(rebind(f"{c} + (rnd({2300 + i}, 2, 3),)"), ("containers.length",)))
+            choices.append(lambda: Op(rebind(f"{c}[:-1]"), ("containers.length",)))
         else:
+            choices.append(lambda: Op(f"{e} = rnd({2100 + i}, 2, 3)", ("containers.replace_same_meta",)))
+        if kind not in ("plist", "tuple"):
+            choices.append(lambda: Op(f"{e} = {e}.double()", ("containers.dtype",)))
+        elif kind == "plist":
             choices.append(
                 lambda: Op(
                     f"{e}.grad = None if {e}.grad is not None else rnd({2200 + i}, *{e}.shape)",
@@ -1042,6 +1069,9 @@ def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
         if kind == "dict":
             choices.append(lambda: Op(f'{c}["k{j}"] = {c}.pop("k{j}")', ("containers.key_order",)))
             choices.append(lambda: Op(f'{c}["new{i}"] = rnd({2400 + i}, 2, 3)', ("containers.key_added",)))
+        if global_sequence:
+            # other tensors, same metadata: the graph must read the new ones
+            choices.append(lambda: Op(rebind(f"type({c})(t.clone() for t in {c})"), ("containers.rebind_global",)))
         return [r.choice(choices)() for _ in range(r.choice([1, 1, 2]))]
 
     # Three calls with nothing changed first: the guard tree records its fast path
@@ -1056,7 +1086,8 @@ def gen_containers(r: random.Random, backend: str) -> dict[str, Any]:
         sections={"holder": holder, "frame": frame},
         steps=steps,
         x_shape=(1,),
-        base_tags=("containers.recursive_dict_tags",) if recursive else (),
+        base_tags=(("containers.recursive_dict_tags",) if recursive else ())
+        + (("containers.below_native_threshold",) if n < 8 else ()),
     )
 
 

@@ -726,6 +726,174 @@ instantiate_parametrized_tests(ModuleContainerTests)
 instantiate_parametrized_tests(ModuleBufferChangeTests)
 
 
+# ---------------------------------------------------------------------------
+# Tuples Dynamo reaches through DictGetItemGuardAccessor: a global, an item of a
+# dict looked up by key, an nn.Module attribute (through its __dict__). While the
+# dict is unchanged, that accessor skips the node of a tuple of tensors that has
+# no accessors; with a native guard, the tuple's node has leaf guards only.
+
+GLOBAL_TENSORS = ()
+GLOBAL_DICT = {}
+
+
+def add_global_tensors(x):
+    return x + sum(GLOBAL_TENSORS)
+
+
+def add_global_dict_item(x):
+    return x + sum(GLOBAL_DICT["ts"])
+
+
+def add_dict_item(x, d):
+    return x + sum(d["ts"])
+
+
+class TupleHolder(torch.nn.Module):
+    def __init__(self, ts):
+        super().__init__()
+        self.ts = ts
+
+    def forward(self, x):
+        return x + sum(self.ts)
+
+
+def call_module(x, m):
+    return m(x)
+
+
+def with_keyword_default(x, *, ts=()):
+    return x + sum(ts)
+
+
+def add_keyword_default(x):
+    return with_keyword_default(x)
+
+
+@requires_extension
+class DictItemTupleTests(ContainerTestCase):
+    def set_global(self, name, value):
+        module = sys.modules[__name__]
+        self.addCleanup(setattr, module, name, getattr(module, name))
+        setattr(module, name, value)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    @parametrize("kind", ["tuple", "list"])
+    @parametrize("size", [K - 1, K, K + 1])
+    def test_global_container_iterated_by_the_frame(self, size, kind, backend):
+        # x + sum(S) with a global tuple S of K or more tensors failed on the first
+        # call: "Guard failed on the same frame it was created".
+        def make(tensors):
+            return tuple(tensors) if kind == "tuple" else list(tensors)
+
+        self.set_global("GLOBAL_TENSORS", make(torch.randn(3) for _ in range(size)))
+        fn = fresh_copy(add_global_tensors)
+        cnt = CompileCounterWithBackend(backend)
+        compiled = torch.compile(fn, backend=cnt)
+        x = torch.randn(3)
+        for _ in range(3):
+            self.assertEqual(compiled(x), add_global_tensors(x))
+        self.assertEqual(cnt.frame_count, 1)
+        gm = guard_manager_of(fn)
+        self.assertEqual(native_guards(gm), ["___tensor_container_0"] if size >= K else [])
+        if size >= K and kind == "tuple":
+            self.assertIn(
+                "source=G['GLOBAL_TENSORS'] (tensor container), accessed_by=GetItemGuardAccessor",
+                str(gm),
+            )
+
+        # Other tensors with the same metadata: the graph reads them.
+        self.set_global("GLOBAL_TENSORS", make(t * 2 for t in GLOBAL_TENSORS))
+        self.assertEqual(compiled(x), add_global_tensors(x))
+        self.assertEqual(cnt.frame_count, 1)
+
+        # Metadata changed in place, no write to any dict: recompiles once.
+        GLOBAL_TENSORS[2].unsqueeze_(0)
+        if size >= K:
+            self.assert_recompile_reason(
+                compiled, (x,), "G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2"
+            )
+        for _ in range(2):
+            out = compiled(x)
+            self.assertEqual(out, add_global_tensors(x))
+            self.assertEqual(out.shape, (1, 3))
+        self.assertEqual(cnt.frame_count, 2)
+        # An argument that is one of the global's tensors.
+        if size >= K:
+            self.assert_recompile_reason(
+                compiled, (GLOBAL_TENSORS[4],), "G['GLOBAL_TENSORS'][4] and x are the same tensor"
+            )
+
+        # The global rebound to tensors of another dtype: recompiles once.
+        self.set_global("GLOBAL_TENSORS", make(t.double() for t in GLOBAL_TENSORS))
+        for _ in range(2):
+            out = compiled(x)
+            self.assertEqual(out, add_global_tensors(x))
+            self.assertEqual(out.dtype, torch.float64)
+        self.assertEqual(cnt.frame_count, 3)
+
+    @parametrize("recursive_dict_tags", [False, True])
+    @parametrize(
+        "where", ["global_dict", "dict_argument", "module_attribute", "keyword_default"]
+    )
+    def test_tuple_reached_through_a_dict(self, where, recursive_dict_tags):
+        ts = tuple(torch.randn(3) for _ in range(K + 1))
+        d = {"ts": ts}
+        m = TupleHolder(ts)
+        # where -> (function, its arguments after x, the dict holding the tuple, its
+        # source, its name in recompile reasons)
+        cases = {
+            "global_dict": (
+                add_global_dict_item, (), d, "G['GLOBAL_DICT']['ts']", "G['GLOBAL_DICT']['ts']"
+            ),
+            "dict_argument": (add_dict_item, (d,), d, "L['d']['ts']", "d['ts']"),
+            "module_attribute": (call_module, (m,), m.__dict__, "L['m'].ts", "m.ts"),
+            "keyword_default": (
+                add_keyword_default, (), with_keyword_default.__kwdefaults__, None, None
+            ),
+        }
+        fn, args, holder, source, name = cases[where]
+        self.set_global("GLOBAL_DICT", d)
+        self.addCleanup(with_keyword_default.__kwdefaults__.__setitem__, "ts", ())
+        with_keyword_default.__kwdefaults__["ts"] = ts
+        with config.patch(use_recursive_dict_tags_for_guards=recursive_dict_tags):
+            compiled_fn = fresh_copy(fn)
+            cnt = CompileCounter()
+            compiled = torch.compile(compiled_fn, backend=cnt)
+            x = torch.randn(3)
+            for _ in range(3):
+                self.assertEqual(compiled(x, *args), fn(x, *args))
+            self.assertEqual(cnt.frame_count, 1)
+            gm = guard_manager_of(compiled_fn)
+            if source is None:
+                # No second node for a keyword-only default: per-tensor guards.
+                self.assertEqual(native_guards(gm), [])
+                self.assertEqual(str(gm).count("TENSOR_MATCH"), K + 2)
+            else:
+                self.assertEqual(native_guards(gm), ["___tensor_container_0"])
+                self.assertIn(f"source={source} (tensor container)", str(gm))
+
+            ts[5].requires_grad_()
+            if name is not None:
+                self.assert_recompile_reason(
+                    compiled, (x, *args), f"{name}[5]: requires_grad changed False -> True"
+                )
+            for _ in range(2):
+                out = compiled(x, *args)
+                self.assertEqual(out, fn(x, *args))
+                self.assertTrue(out.requires_grad)
+            self.assertEqual(cnt.frame_count, 2)
+
+            holder["ts"] = tuple(t.detach().double() for t in ts)
+            for _ in range(2):
+                out = compiled(x, *args)
+                self.assertEqual(out, fn(x, *args))
+                self.assertEqual(out.dtype, torch.float64)
+            self.assertEqual(cnt.frame_count, 3)
+
+
+instantiate_parametrized_tests(DictItemTupleTests)
+
+
 class FallbackTests(ContainerTestCase):
     def test_switch_off_uses_per_tensor_guards(self):
         xs = [torch.randn(4) for _ in range(64)]

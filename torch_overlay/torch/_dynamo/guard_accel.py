@@ -47,7 +47,9 @@ import torch
 from . import config
 from .source import (
     AttrSource,
+    CellContentsSource,
     ConstDictKeySource,
+    DefaultsSource,
     DictGetItemSource,
     DictSubclassGetItemSource,
     GetItemSource,
@@ -56,6 +58,7 @@ from .source import (
     ListGetItemSource,
     LocalSource,
     NumpyTensorSource,
+    UnspecializedParamBufferSource,
 )
 from .utils import builtin_dict_keys, istype
 
@@ -125,6 +128,7 @@ class Container:
     records: list[TensorRecord] = dataclasses.field(default_factory=list)
     guard: Guard | None = None  # the first TENSOR_MATCH recorded (user stack, export info)
     diff_source: bool = False  # has a non-Parameter tensor (see TENSOR_MATCH)
+    on_second_node: bool = False  # a tuple whose own node may be skipped (_plan_tuple)
 
     def guard_arguments(self) -> tuple[type, Any]:
         """(dict_type, ordered_keys) for make_tensor_container_guard."""
@@ -137,7 +141,7 @@ class Container:
 
     def node(self, builder: GuardBuilder) -> Any:
         """The guard manager the container guard goes on."""
-        if self.kind == "dict_ordered":
+        if self.kind == "dict_ordered" or self.on_second_node:
             return second_node(builder, self)
         return builder.get_guard_manager_from_source(self.source)
 
@@ -268,6 +272,8 @@ def plan_tensor_containers(
             builder, container, dict_keys_guarded
         ):
             continue
+        if container.kind == "tuple" and not _plan_tuple(builder, container):
+            continue
         chosen.append(container)
     return TensorContainerPlan(ext, chosen) if chosen else None
 
@@ -354,20 +360,68 @@ def _plan_dict(
     return second_node_accessor(builder, container.source) is not None
 
 
-def second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
-    """How to reach an ordered dict a second time, as a plain GuardManager."""
+def _plan_tuple(builder: GuardBuilder, container: Container) -> bool:
+    if node_checked_on_every_call(builder, container.source):
+        return True
+    # The guard goes on a second node, reached by an accessor that always runs it.
+    container.on_second_node = True
+    return second_node_accessor(builder, container.source, by_getitem=True) is not None
+
+
+def node_checked_on_every_call(builder: GuardBuilder, source: Source) -> bool:
+    """False if the node Dynamo builds for a tuple at source may be skipped.
+
+    GuardBuilder.get_guard_manager_from_source reaches a global, an item of a dict
+    whose key order is not guarded, an nn.Module attribute held in its __dict__
+    and a keyword-only default through DictGetItemGuardAccessor. While the dict's
+    version tag is unchanged, that accessor skips the node of an immutable value
+    (with config.skip_tensor_guards_with_matching_dict_tags, a tuple of tensors)
+    that has no accessors. Without this patch each tensor of the tuple has its
+    own accessor on the tuple's node; with a TensorContainerGuard the node has
+    leaf guards only. Skipped, the guard would record no identities for the
+    aliasing group (whose first check then fails) and miss metadata changed in
+    place (t.requires_grad_(), t.unsqueeze_(0)).
+    """
+    if istype(source, (LocalSource, GetItemSource, ListGetItemSource)):
+        return True
+    if istype(source, (DictGetItemSource, DictSubclassGetItemSource)):
+        # A DictGuardManager checks its values' nodes itself, without tags.
+        return builder.requires_key_order_guarding(source.base)
+    if istype(source, (AttrSource, CellContentsSource, UnspecializedParamBufferSource)):
+        from .guards import should_optimize_getattr_on_nn_module
+
+        return not should_optimize_getattr_on_nn_module(builder.get(source.base))
+    if istype(source, DefaultsSource):
+        return not source.is_kw
+    return False
+
+
+def second_node_accessor(
+    builder: GuardBuilder, source: Source, by_getitem: bool = False
+) -> str | None:
+    """How to reach a container a second time, as a plain GuardManager.
+
+    by_getitem: not through DictGetItemGuardAccessor (see
+    node_checked_on_every_call); a global or a dict item is then read with
+    PyObject_GetItem, which runs no Python code on an exact dict.
+    """
     if istype(source, LocalSource):
         return "framelocals"
     if istype(source, GlobalSource):
+        if by_getitem:
+            return "global_getitem" if type(builder.runtime_global_scope) is dict else None
         return "global"
     if not hasattr(source, "base") or builder.requires_key_order_guarding(source.base):
         return None  # a DictGuardManager parent takes no new accessors
     if istype(source, AttrSource):
         return "getattr"
     if istype(source, (DictGetItemSource, DictSubclassGetItemSource)):
-        if type(source.index) in SIMPLE_KEY_TYPES:
-            return "dict_getitem"
-        return None
+        if type(source.index) not in SIMPLE_KEY_TYPES:
+            return None
+        if by_getitem:
+            exact = istype(source, DictGetItemSource) and type(builder.get(source.base)) is dict
+            return "getitem" if exact else None
+        return "dict_getitem"
     if istype(source, (GetItemSource, ListGetItemSource)):
         if not source.index_is_slice and type(source.index) is int:
             return "getitem"
@@ -375,18 +429,19 @@ def second_node_accessor(builder: GuardBuilder, source: Source) -> str | None:
 
 
 def second_node(builder: GuardBuilder, container: Container) -> Any:
-    """A plain GuardManager for a dict that also has a DictGuardManager."""
+    """A plain GuardManager for a dict that also has a DictGuardManager, or for
+    a tuple whose own node may be skipped (node_checked_on_every_call)."""
     from .guards import get_framelocals_idx, GuardManagerType
 
     source = container.source
-    # A distinct source string gives a new accessor next to the DictGuardManager.
+    # A distinct source string gives a new accessor next to the container's own node.
     name = f"{container.name} (tensor container)"
     kwargs = dict(
         source=name,
         example_value=container.value,
         guard_manager_enum=GuardManagerType.GUARD_MANAGER,
     )
-    how = second_node_accessor(builder, source)
+    how = second_node_accessor(builder, source, by_getitem=container.kind == "tuple")
     if how == "framelocals":
         idx = get_framelocals_idx(builder.f_code, source.local_name)
         return builder.guard_manager.root.framelocals_manager(
@@ -394,6 +449,10 @@ def second_node(builder: GuardBuilder, container: Container) -> Any:
         )
     if how == "global":
         return builder.get_global_guard_manager().dict_getitem_manager(
+            key=source.global_name, **kwargs
+        )
+    if how == "global_getitem":
+        return builder.get_global_guard_manager().getitem_manager(
             key=source.global_name, **kwargs
         )
     parent = builder.get_guard_manager_from_source(source.base)
