@@ -2,6 +2,7 @@
 """nn.Module int attributes mutated by the compiled frame are traced as SymInts, float
 attributes as 0-d float64 tensor inputs."""
 
+import itertools
 import math
 import operator
 import re
@@ -222,6 +223,21 @@ class NearInt64(torch.nn.Module):
         self.up += 1
         self.down -= 1
         return x * self.up, x * (self.down // 2)
+
+
+class FloatsOfCounters(torch.nn.Module):
+    """Python floats computed from counters: a bias correction, and a count of samples
+    beyond 2**24 (float32 holds no odd int there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.seen = 2**30 + 1
+
+    def forward(self, x):
+        self.step += 1
+        self.seen += 2
+        return x * (0.9 * (1.0 - 0.9**self.step)), x * (float(self.seen) - 2.0**30)
 
 
 class DivideByTemp(torch.nn.Module):
@@ -606,6 +622,31 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             ],
         )
 
+    def test_counter_floats_round_as_python(self):
+        # Without this patch the counters are specialized: 8 frames (the recompile
+        # limit; eager from then on), every result bitwise eager's. As SymInts, the
+        # floats computed from them stay Python floats the graph computes at run time;
+        # before, _tensorify_python_scalars computed them from their sympy expressions,
+        # `0.9 - 0.9*0.9**step` (float64 results off by an ulp from the 1st call under
+        # aot_eager) with `seen` read as a float32 tensor (x * 0.0 under aot_eager and
+        # inductor). Inductor evaluates such a float from its sympy expression itself: its
+        # float64 results are close, not bitwise (as for the ints Dynamo makes dynamic
+        # without this patch).
+        for backend, dtype in itertools.product(("eager", "aot_eager", "inductor"), (torch.float32, torch.float64)):
+            torch._dynamo.reset()
+            exact = not (backend == "inductor" and dtype == torch.float64)
+            eager, compiled = FloatsOfCounters(), FloatsOfCounters()
+            cnt = CompileCounterWithBackend(backend)
+            compiled_fn = torch.compile(compiled, backend=cnt)
+            for _ in range(12):
+                x = torch.randn(8, dtype=dtype)
+                if exact:
+                    self.assertEqual(compiled_fn(x), eager(x), atol=0, rtol=0, msg=f"{backend} {dtype}")
+                else:
+                    self.assertEqual(compiled_fn(x), eager(x))
+                self.assertEqual((compiled.step, compiled.seen), (eager.step, eager.seen))
+            self.assertEqual(cnt.frame_count, 1)
+
     def test_counter_outside_int64_is_specialized(self):
         # No int64 graph input holds these values: specialized from the first call.
         for start in (2**64, -(2**64)):
@@ -638,7 +679,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         return backend
 
     def float_graph_breaks(self):
-        return sum(n for k, n in counters["graph_break"].items() if "mutated nn.Module float" in k)
+        return sum(n for k, n in counters["graph_break"].items() if "mutated float traced as a tensor" in k)
 
     def test_float_decay_compiles_once(self):
         # Without this patch: 2 frames with the eager backend, 8 (the recompile limit) with
@@ -754,6 +795,12 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             counters.clear()
             cnt = self.run_float(cls, CompileCounter(), calls=6)
             self.assertEqual((cnt.frame_count, self.float_graph_breaks()), (frames, breaks), cls.__name__)
+
+    def test_float_graph_break_names_the_place(self):
+        self.run_float(DecayExp, CompileCounter(), calls=2)
+        (message,) = counters["graph_break"]
+        self.assertIn("Unsupported use of a mutated float traced as a tensor", message)
+        self.assertIn("The value comes from the nn.Module attribute L['self'].temp, where the compiled frame", message)
 
     def test_float_specialized_fallback_is_right_under_inductor(self):
         # Unpatched 2.13 writes back a stale temp here from the third call.

@@ -104,6 +104,11 @@ def ema(x, s):
     return x * s.state["ema"]
 
 
+def ema_exp(x, s):
+    s.state["ema"] = s.state["ema"] * 0.5 + 0.25
+    return x * math.exp(s.state["ema"])
+
+
 def ema_branch(x, s):
     s.state["ema"] = s.state["ema"] * 0.5 + 0.25
     if s.state["ema"] > 0.6:
@@ -224,6 +229,18 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
     def test_float_branch_graph_breaks_on_the_real_value(self):
         self.run_fn(ema_branch, EmaState, CompileCounterWithBackend("aot_eager"))
 
+    def test_float_graph_break_names_the_place(self):
+        # math.exp of the float64 tensor input: a graph break, whose message names the
+        # dict entry (before: "a mutated nn.Module float attribute").
+        cnt = self.run_fn(ema_exp, EmaState, CompileCounterWithBackend("eager"), calls=3)
+        # The graph before the call, the resume function's twice (it takes math.exp's
+        # result, a float specialized until it changes). Without this patch: 3 (one per call).
+        self.assertEqual(cnt.frame_count, 3)
+        (message,) = torch._dynamo.utils.counters["graph_break"]
+        self.assertIn("Unsupported use of a mutated float traced as a tensor", message)
+        self.assertIn("The value comes from the dict entry L['s'].state['ema'], where the compiled frame", message)
+        self.assertNotIn("nn.Module", message)
+
     def test_places_created_in_the_frame_stay_constants(self):
         def fill(x, d):
             d["step"] = 0
@@ -330,6 +347,31 @@ class UpdateStateOpt(StepStateOpt):
                 p.sub_(p.grad * (state["ema"] / state["count"]) / group["step"])
 
 
+class BiasCorrectedOpt(StepStateOpt):
+    """Python floats of an int step in per-parameter state passed to tensor ops:
+    pytorch-optimizer's LoRA-RITE (a bias-corrected decay of ``float(step + 1)`` as
+    ``mul(1 - decay)`` and ``alpha=decay``) and SOAP (``alpha=-step_size``) steps, with
+    ``lr / math.sqrt(step)`` passed to mul_ and ``(1 - beta) ** step`` as a lerp_ weight."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta = group["beta"]
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["m"] = torch.zeros_like(p)
+                next_step = float(state["step"] + 1)
+                decay = beta * (1.0 - beta ** (next_step - 1.0)) / (1.0 - beta**next_step)
+                state["m"] = p.grad.mul(1.0 - decay).add_(state["m"], alpha=decay)
+                step_size = group["lr"] * math.sqrt(1.0 - 0.95**next_step) / (1.0 - beta**next_step)
+                p.add_(state["m"], alpha=-step_size)
+                p.mul_(1.0 - 0.01 * group["lr"] / math.sqrt(next_step))
+                state["m"].lerp_(p.grad, (1 - beta) ** next_step)
+                state["step"] += 1
+
+
 def pow_of_counter(x, c):
     c.count += 1
     return x * math.pow(2.0, c.count) + math.pow(c.count, -0.5)
@@ -380,6 +422,34 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         # Without this patch: 3 frames with the eager backend (the int steps become
         # dynamic after a change), a recompile per step under aot_eager (the EMA).
         cnt = self.run_opt(UpdateStateOpt, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_floats_of_a_step_round_as_python(self, backend):
+        # The floats computed from the traced step stay Python floats the graph computes
+        # at run time: the kernels read them as in eager. Before, AOTAutograd's pass took
+        # `add_(m, alpha=decay)` as `add(m * decay)`, which rounds once more than the fused
+        # CPU kernel (off from the 2nd call under aot_eager, as the real LoRA-RITE and
+        # SOAP were). Without this patch: 3 frames on every backend (the step is
+        # specialized, then dynamic), bitwise under eager and aot_eager; inductor's
+        # kernels round otherwise, with or without this patch.
+        torch.manual_seed(0)
+        params = [torch.randn(n, requires_grad=True) for n in (64, 67)]
+        copies = [[p.detach().clone().requires_grad_() for p in params] for _ in range(2)]
+        eager, compiled = BiasCorrectedOpt(copies[0], lr=0.1), BiasCorrectedOpt(copies[1], lr=0.1)
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(opt_step, backend=cnt)
+        for _ in range(20):
+            grads = [torch.randn_like(p) for p in params]
+            for ps in copies:
+                for p, g in zip(ps, grads):
+                    p.grad = g.clone()
+            opt_step(eager)
+            fn(compiled)
+            if backend == "inductor":
+                self.assertEqual(state_of(compiled), state_of(eager))
+            else:
+                self.assertEqual(state_of(compiled), state_of(eager), atol=0, rtol=0)
         self.assertEqual(cnt.frame_count, 2)
 
     def test_math_pow_outside_0_1_stays_specialized(self):
@@ -466,6 +536,20 @@ CONFIG = Config()
 def scale_by_config(ts, x):
     torch._foreach_mul_(ts, CONFIG.scale)
     return x * CONFIG.count + CONFIG.scale
+
+
+class Samples:
+    def __init__(self):
+        self.scale = 0.5
+        self.count = 2**30 + 1  # beyond 2**24: float32 holds no odd int there
+
+
+SAMPLES = Samples()
+
+
+def scale_by_samples(ts, x):
+    torch._foreach_mul_(ts, SAMPLES.scale * (SAMPLES.count - 2.0**30))
+    return x * (SAMPLES.scale * (SAMPLES.count - 2.0**30))
 
 
 def partially_tensorified(x, c):
@@ -556,6 +640,22 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
             x = torch.randn(3)
             self.assertEqual(fn(ts_c, x), scale_by_config(ts_e, x))
             self.assertEqual(ts_c, ts_e)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_float_of_a_changed_float_and_a_large_int(self, backend):
+        # scale and count become a SymFloat and a SymInt after one change. The tensor
+        # AOTAutograd's pass computes `scale * (count - 2.0**30)` from read count as a
+        # float32 tensor: 2**30 + 3 became 2**30 (x * 0.0 under aot_eager). Without this
+        # patch: 6 frames on every backend (count stays specialized), bitwise eager.
+        cnt = CompileCounterWithBackend(backend)
+        fn = torch.compile(scale_by_samples, backend=cnt)
+        ts_e, ts_c = [torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)]
+        for i in range(6):
+            SAMPLES.scale, SAMPLES.count = 0.5 + 0.125 * i, 2**30 + 1 + 2 * i
+            x = torch.randn(3)
+            self.assertEqual(fn(ts_c, x), scale_by_samples(ts_e, x), atol=0, rtol=0)
+            self.assertEqual(ts_c, ts_e, atol=0, rtol=0)
         self.assertEqual(cnt.frame_count, 2)
 
     def test_partially_tensorified_float_is_not_stale(self):

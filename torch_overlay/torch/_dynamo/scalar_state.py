@@ -304,6 +304,19 @@ def _call(graph: torch.fx.Graph, fake_mode: Any, op: Any, *args: Any, **kwargs: 
     return new
 
 
+def _has_float_input(sym: torch.SymFloat) -> bool:
+    """Whether `sym` depends on a backed float symbol (a float graph input), which the
+    pass specializes unless each use takes it as a tensor. A SymFloat computed from
+    SymInts and constants only (a bias correction ``1 - 0.9 ** (step + 1)``) stays a
+    Scalar that the graph computes in Python floats at run time, as eager does: in
+    tensor form ``add(a, b, alpha=s)`` would lose the fused kernel's rounding
+    (pytorch-optimizer's LoRA-RITE state was 1.7e-3 off eager from its second step)."""
+    from torch.fx.experimental.symbolic_shapes import symbol_is_type
+    from torch.utils._sympy.symbol import SymT
+
+    return any(symbol_is_type(s, SymT.FLOAT) for s in sym.node.expr.free_symbols)
+
+
 def _symbol_node(interp: Any, sym: torch.SymFloat) -> torch.fx.Node | None:
     """The graph node computing `sym` from the graph's symbols (the pass's interpreter
     of its sympy expression), or None where the interpreter has no rule for it."""
@@ -351,7 +364,7 @@ def tensorify_scalar_argument(
     scalar = args[scalar_index]
     if not isinstance(scalar, torch.fx.Node) or not isinstance(sym := scalar.meta.get("val"), torch.SymFloat):
         return False
-    if not sym.node.has_hint():
+    if not sym.node.has_hint() or not _has_float_input(sym):
         return False
     if tensor_index is None:
         dtype = _float_dtype(node.meta.get("val"))
@@ -421,6 +434,8 @@ def _tensorify_alpha(
     if not isinstance(alpha, torch.fx.Node) or not isinstance(sym := alpha.meta.get("val"), torch.SymFloat):
         return False
     if len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args) or not sym.node.has_hint():
+        return False
+    if not _has_float_input(sym):
         return False
     dtype = _float_dtype([a.meta.get("val") for a in node.args])
     if dtype is None or get_computation_dtype(dtype) != dtype:

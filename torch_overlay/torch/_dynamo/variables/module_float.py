@@ -384,21 +384,43 @@ def _unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], c
         raise UnspecializeRestartAnalysis(
             f"{context}: unsupported for a float64 tensor input; specializing {sorted(origins)}"
         )
+    places = _describe_places(tx, set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable))))
     unimplemented(
-        gb_type="Unsupported use of a mutated nn.Module float attribute",
+        gb_type="Unsupported use of a mutated float traced as a tensor",
         context=context,
-        explanation="A float attribute of an nn.Module that the compiled frame assigns to is "
-        "traced as a float64 tensor, which only arithmetic (+ - * / with numbers, other such "
-        "floats and floating-point tensors with at least one dimension) computes exactly like a "
-        "Python float. Dynamo graph-breaks before any other use (comparisons, branches, int(), "
+        explanation=f"The value comes from {places}, where the compiled frame stores a new float. "
+        "Dynamo traces such a float as a float64 tensor, which only arithmetic (+ - * / with numbers, other "
+        "such floats and floating-point tensors with at least one dimension) computes exactly like "
+        "a Python float. Dynamo graph-breaks before any other use (comparisons, branches, int(), "
         "math functions, ...), which then runs with the real float.",
         hints=[
-            "Keep the value as a tensor (a buffer) if it steers control flow, or set "
-            "torch._dynamo.config.dynamic_mutated_module_scalars = False to trace it as unpatched "
-            "Dynamo does (specialized, recompiling when it changes).",
+            "Keep the value in a tensor if it steers control flow, or set "
+            "torch._dynamo.config.dynamic_mutated_module_floats = False to trace such floats as "
+            "unpatched Dynamo does (specialized, recompiling when they change).",
             *graph_break_hints.SUPPORTABLE,
         ],
     )
+
+
+def _describe_places(tx: InstructionTranslatorBase, origins: set[str]) -> str:
+    """The places `origins` (source names of graph inputs) name, each as what it is:
+    "the nn.Module attribute L['self'].temp", "the dict entry L['s'].state['ema']"."""
+    from ..source import AttrSource, DictGetItemSource, DictSubclassGetItemSource, GetItemSource, NNModuleSource
+
+    sources = {a.source.name: a.source for a in tx.output.graphargs if a.source is not None}
+    described = []
+    for name in sorted(origins):
+        source = sources.get(name)
+        if isinstance(source, AttrSource):
+            kind = "nn.Module attribute" if isinstance(source.base, NNModuleSource) else "attribute"
+        elif isinstance(source, (DictGetItemSource, DictSubclassGetItemSource)):
+            kind = "dict entry"
+        elif isinstance(source, GetItemSource):
+            kind = "list slot"
+        else:
+            kind = "place"
+        described.append(f"the {kind} {name}")
+    return ", ".join(described) or "a place"
 
 
 def _is_number(vt: VariableTracker) -> bool:
