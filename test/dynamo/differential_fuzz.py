@@ -636,6 +636,9 @@ def _cache_pre(r: random.Random, i: int, keys: list[str]) -> Op:
 
 
 def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
+    # Draws added after the CI seed set was chosen use `side`, seeded from r's state
+    # without advancing r: programs that do not draw them stay what they were.
+    side = random.Random(hash(r.getstate()[1]))
     keys = ["a", "b"] + r.sample(["c", "d"], r.randint(0, 2))
     cache = [
         Op("cache = {" + ", ".join(f'"{k}": rnd({j + 1}, 2)' for j, k in enumerate(keys)) + "}", keep=True),
@@ -649,6 +652,8 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
     pre_makers: list[Callable[[int], Op]] = [lambda i: _cache_pre(r, i, keys)]
 
     components = r.sample(["fill", "collect", "make", "pick", "sub", "self", "popt", "keyed"], r.randint(1, 3))
+    if side.random() < 0.25:
+        components.append("alias_arg")
     for c in components:
         if c == "fill":
             setup.append(
@@ -731,7 +736,11 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
                 )
             )
         elif c == "popt":
-            plain = Op(PLAIN_OPT, ("init_once.plain_opt",))
+            if side.random() < 0.5:
+                # The design's example: `group` is not named; self.param_groups' guards cover it.
+                plain = Op(PLAIN_OPT.replace(', "group"]', "]"), ("init_once.plain_opt", "init_once.group_unnamed"))
+            else:
+                plain = Op(PLAIN_OPT, ("init_once.plain_opt",))
             setup.append(plain)
             sections["popt_per_param"] = []
             sections["popt_per_group"] = []
@@ -744,6 +753,44 @@ def gen_init_once(r: random.Random, backend: str) -> dict[str, Any]:
                 frame.append(Op("out.append(len(popt.state))", ("init_once.opt_read_state",)))
             pre_makers.append(lambda i: _popt_pre(r, i))
             pre_makers.append(lambda i: _popt_pre(r, i))
+        elif c == "alias_arg":
+            # An argument no spec names that is (or was, or never was) an object the
+            # guarded input reaches: by the same path, under a global alias, or not at all.
+            cache.append(Op('SUB = cache["sub"] = {"w": rnd(70, 2)}\nOTHER = {}', keep=True))
+            setup.append(
+                Op(
+                    '''
+                    TRACK["other"] = OTHER
+
+
+                    @torch._dynamo.init_values_once(guards=["cache"])
+                    def read_sub(cache, sub, out):
+                        if "w" not in sub:
+                            sub["w"] = torch.zeros(2)
+                        out.append(sub["w"])
+                    ''',
+                    ("init_once.alias_arg",),
+                )
+            )
+            arg, tag = side.choice(
+                [
+                    ('cache["sub"]', "init_once.alias_arg_same_path"),
+                    ("SUB", "init_once.alias_arg_global"),
+                    ("OTHER", "init_once.alias_arg_unreachable"),
+                ]
+            )
+            frame.append(
+                Op(f'if "sub" in cache:\n    got = []\n    read_sub(cache, {arg}, got)\n    y = y + got[0]', (tag,))
+            )
+            pre_makers.append(
+                lambda i: side.choice(
+                    [
+                        lambda: Op(f'cache["sub"] = {{"w": rnd({1200 + i}, 2)}}', ("init_once.alias_arg_rebound",)),
+                        lambda: Op(f'SUB["w"] = rnd({1250 + i}, 3)', ("init_once.alias_arg_item_changed",)),
+                        lambda: Op('SUB.pop("w", None)', ("init_once.alias_arg_item_removed",)),
+                    ]
+                )()
+            )
         elif c == "keyed":
             setup.append(
                 Op(
