@@ -500,6 +500,35 @@ class ChangedScalarTests(torch._dynamo.test_case.TestCase):
                 fn(model, torch.randn(3))
             self.assertEqual(cnt.frame_count, 4)
 
+    def test_marked_static_and_builtin_module_ints_stay_constants(self):
+        # torch._dynamo.mark_static promises a class's int attributes stay constants,
+        # not SymInts, as do torch.nn's own modules' (both UNSPECIALIZED_BUILTIN_NN_MODULE):
+        # one graph per value, as without this patch.
+        @torch._dynamo.mark_static
+        class Scale(torch.nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.c = c
+
+            def forward(self, x):
+                return x * self.c
+
+        cnt = CompileCounterWithBackend("eager")
+        x = torch.randn(4, 4)
+        for c in (10, 20, 30):
+            self.assertEqual(torch.compile(Scale(c), backend=cnt, fullgraph=True)(x), x * c)
+        self.assertEqual(cnt.frame_count, 3)
+
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("eager")
+        flatten = torch.nn.Flatten()
+        fn = torch.compile(lambda x: flatten(x), backend=cnt)
+        x = torch.randn(2, 3, 4, 5)
+        for start_dim in (1, 2, 1, 2):
+            flatten.start_dim = start_dim
+            self.assertEqual(fn(x), torch.flatten(x, start_dim))
+        self.assertEqual(cnt.frame_count, 2)  # one graph per value, each reused
+
     def test_read_only_config_stays_specialized(self):
         model = torch.compile(CounterNet(), backend="eager")
         for _ in range(3):

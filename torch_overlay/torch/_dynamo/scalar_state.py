@@ -122,6 +122,11 @@ def _changes_make_dynamic(source: Source) -> bool:
         and not config.specialize_int
         and isinstance(source, ChainedSource)
         and not is_from_defaults(source)
+        # Ints of torch.nn's own modules and of torch._dynamo.mark_static classes (both
+        # UNSPECIALIZED_BUILTIN_NN_MODULE) or of specialized modules are promised
+        # constant, as without this patch: mark_static documents "not symints".
+        and not source.guard_source.is_unspecialized_builtin_nn_module()
+        and not source.guard_source.is_specialized_nn_module()
     )
 
 
