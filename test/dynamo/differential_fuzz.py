@@ -85,6 +85,7 @@ class Step:
 PRELUDE = '''\
 import collections
 import copy
+import math
 import torch
 
 
@@ -234,10 +235,12 @@ def _steps(r: random.Random, count: int, make_pre: Callable[[int], list[Op]], em
     return [Step([] if i == 0 or r.random() < empty else make_pre(i), ns[i]) for i in range(count)]
 
 
-# -- scalars: nn.Module int counters and float attributes (patches 0002, 0014) ----
+# -- scalars: nn.Module int counters and float attributes (patches 0002, 0014), float
+# places elsewhere that forward stores to and uses (0018) ----
 
 SCALARS_TEMPLATE = '''
 torch.manual_seed(0)
+@@places@@
 
 
 class Mod(torch.nn.Module):
@@ -254,6 +257,7 @@ class Mod(torch.nn.Module):
 
 m = Mod()
 TRACK = {"m": m}
+@@track@@
 
 
 def frame(x, n):
@@ -325,14 +329,108 @@ def gen_scalars(r: random.Random, backend: str) -> dict[str, Any]:
         lambda i: Op("m.step += 1", ("scalars.set_between",)),
     ]
     steps = _steps(r, r.randint(3, 6), lambda i: [r.choice(pres)(i)])
+    backend = _pick_backend(r, backend, inductor_ok=True)
+    # Drawn after everything above, so a seed without them is the program it was before.
+    sections = {"init": init, "forward": forward, "frame": frame, "places": [], "track": []}
+    if r.random() < 0.5:
+        _add_float_places(random.Random(r.random()), sections, steps)
     return dict(
-        backend=_pick_backend(r, backend, inductor_ok=True),
+        backend=backend,
         config={},
         template=SCALARS_TEMPLATE,
-        sections={"init": init, "forward": forward, "frame": frame},
+        sections=sections,
         steps=steps,
         x_shape=(4,),
     )
+
+
+# Float places outside nn.Module attributes (patch 0018) that forward stores to and
+# also uses: the uses the float64 tensor form cannot trace (module-float-tensors) and
+# places no store hook sees. (place: definition at module level, its setup in
+# Mod.__init__, the store of `{new}`, the expression reading it, a TRACK entry)
+_FLOAT_PLACES = {
+    "attr": ("class Box:\n    pass", "self.box = Box()\nself.box.v = 1.0", "self.box.v = {new}", "self.box.v", None),
+    "dict": (None, 'self.d = {"v": 1.0}', 'self.d["v"] = {new}', 'self.d["v"]', None),
+    "list": (None, "self.l = [1.0]", "self.l[0] = {new}", "self.l[0]", None),
+    "dict_update_pairs": (None, 'self.u = {"v": 1.0}', 'self.u.update([("v", {new})])', 'self.u["v"]', None),
+    "slots": (
+        'class Slots:\n    __slots__ = ("v",)\n\n    def __repr__(self):\n        return f"Slots({self.v!r})"',
+        "self.sl = Slots()\nself.sl.v = 1.0",
+        "self.sl.v = {new}",
+        "self.sl.v",
+        None,
+    ),
+    "namedtuple_replace": (
+        'Pair = collections.namedtuple("Pair", "v w")',
+        "self.nt = Pair(1.0, 2)",
+        "self.nt = self.nt._replace(v={new})",
+        "self.nt.v",
+        None,
+    ),
+    "global": (
+        "GF = 1.0\n\n\nclass GlobalView:\n    __slots__ = ()\n\n"
+        "    def __repr__(self):\n        return repr(GF)",
+        None,
+        "global GF\nGF = {new}",
+        "GF",
+        'TRACK["GF"] = GlobalView()',
+    ),
+    "nonlocal": (
+        "def make_cell():\n    v = 1.0\n\n    def bump(new):\n        nonlocal v\n        v = new(v)\n"
+        "        return v\n\n"
+        "    return bump\n\n\nclass CellView:\n    __slots__ = ()\n\n    def __repr__(self):\n"
+        "        return repr(m.cell(lambda v: v))",
+        "self.cell = make_cell()",
+        "self.cell(lambda v: {new_v})",
+        "self.cell(lambda v: v)",
+        'TRACK["cell"] = CellView()',
+    ),
+}
+
+# (use of the float expression E, tag): E ends up in y or steers a branch
+_FLOAT_PLACE_USES = [
+    ("y = y * E", "arith"),
+    ("if E is not None:\n    y = y * E", "is_not_none"),
+    ("if E:\n    y = y + 1", "truth"),
+    ("y = y + E % 0.7", "mod"),
+    ("if E % 1.0 < 0.5:\n    y = y * 2", "mod_branch"),
+    ("y = y + len(f'{E:.3f}')", "format_spec"),
+    ("y = y + math.floor(E * 10)", "floor"),
+    ("y = y + math.fmod(E, 0.3)", "fmod"),
+    ("y = y * min(E, 0.5)", "min"),
+    ("y = y * max(E, 0.5)", "max"),
+    ("y = y * round(E, 2)", "round"),
+]
+
+
+def _add_float_places(r: random.Random, sections: dict[str, list[Op]], steps: list[Step]) -> None:
+    kinds = r.sample(sorted(_FLOAT_PLACES), r.randint(1, 2))
+    for kind in kinds:
+        define, setup, store, read, track = _FLOAT_PLACES[kind]
+        tag = f"scalars.place_{kind}"
+        if define is not None:
+            sections["places"].append(Op(define, (tag,), keep=True))
+        if setup is not None:
+            sections["init"].append(Op(setup, (tag,), keep=True))
+        if track is not None:
+            sections["track"].append(Op(track, (tag,), keep=True))
+        c, b = r.choice([0.9, 0.5, 0.0, 1.5]), r.choice([0.05, 0.0, -0.5, 0.25])
+        new = f"{read} * {c} + {b}"
+        store_code = store.format(new=new, new_v=f"v * {c} + {b}")
+        ops = [Op(store_code, (tag, "scalars.place_store"))]
+        for _ in range(r.randint(1, 2)):
+            use, use_tag = r.choice(_FLOAT_PLACE_USES)
+            ops.append(Op(use.replace("E", read), (tag, f"scalars.place_use_{use_tag}")))
+        if kind == "global":
+            ops[0] = Op(store_code.split("\n", 1)[1], ops[0].tags)
+            sections["forward"].insert(0, Op("global GF", (tag,), keep=True))
+        sections["forward"].extend(ops)
+        if kind in ("attr", "dict", "list") and r.random() < 0.5:
+            # changed from outside between some calls too
+            outside = {"attr": "m.box.v", "dict": 'm.d["v"]', "list": "m.l[0]"}[kind]
+            for step in steps[1:]:
+                if r.random() < 0.3:
+                    step.pre.append(Op(f"{outside} = {r.choice([0.25, 3.0, -1.0])}", (tag, "scalars.set_between")))
 
 
 # -- optim: torch.optim optimizers ---------------------------------------------------

@@ -26,6 +26,24 @@ class Counter(torch.nn.Module):
         return self.layer(x)
 
 
+class CounterAfterItem(torch.nn.Module):
+    """Counts its calls after a graph break (.item()): the resume function only steps
+    the counter and stores a float."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.last = 0.0
+        self.register_buffer("acc", torch.zeros(4))
+
+    def forward(self, x):
+        self.acc.add_(x.sum(0))
+        total = self.acc.sum().item()  # a graph break
+        self.step += 1
+        self.last = total
+        return self.step
+
+
 class Parity(Counter):
     def forward(self, x):
         self.step += 1
@@ -498,6 +516,23 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         cnt = self.run_both(CounterThenInlinedBreak, CompileCounter(), self.inputs((3,) * 5))
         self.assertEqual(cnt.frame_count, 2)
 
+    def test_counter_only_resume_function_is_skipped(self):
+        # The resume function after .item() does no tensor work: without this patch it
+        # traces no op and Dynamo skips it (1 frame over 6 calls on unpatched 2.13,
+        # measured). A graph of nothing but `step + 1` on the traced counter is skipped
+        # alike; it compiled, and recompiled for `total` (3 frames under the eager
+        # backend, 4 under aot_eager).
+        for backend in ("eager", "aot_eager"):
+            torch._dynamo.reset()
+            cnt = CompileCounterWithBackend(backend)
+            eager, compiled = CounterAfterItem(), CounterAfterItem()
+            compiled_fn = torch.compile(compiled, backend=cnt)
+            for x in self.inputs((3,) * 6):
+                self.assertEqual(compiled_fn(x), eager(x))
+                self.assertEqual((compiled.step, compiled.last), (eager.step, eager.last), atol=0, rtol=0)
+                self.assertEqual(compiled.acc, eager.acc, atol=0, rtol=0)
+            self.assertEqual(cnt.frame_count, 1, backend)
+
     def test_counter_compiles_once(self):
         cnt = self.run_both(Counter, CompileCounter(), self.inputs())
         self.assertEqual(cnt.frame_count, 1)
@@ -678,9 +713,6 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
                 self.assertEqual(compiled.seen, eager.seen, atol=0, rtol=0)
         return backend
 
-    def float_graph_breaks(self):
-        return sum(n for k, n in counters["graph_break"].items() if "mutated float traced as a tensor" in k)
-
     def test_float_decay_compiles_once(self):
         # Without this patch: 2 frames with the eager backend, 8 (the recompile limit) with
         # aot_eager, where _tensorify_python_scalars specializes the SymFloat.
@@ -699,7 +731,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             counters.clear()
             cnt = self.run_float(DecayArithmetic, backend)
             self.assertEqual(cnt.frame_count, 1)
-            self.assertEqual(self.float_graph_breaks(), 0)
+            self.assertEqual(sum(counters["graph_break"].values()), 0)
 
     def test_float_with_tensors_of_every_dtype_is_bitwise_eager(self):
         def tensors():
@@ -749,9 +781,10 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             cnt = self.run_float(Counted, backend)
             self.assertEqual(cnt.frame_count, 1)
 
-    def test_float_unsupported_use_without_graph_break_specializes(self):
-        # In a loop (and with fullgraph=True) Dynamo cannot graph-break: the attribute
-        # is specialized instead of the frame being skipped or failing.
+    def test_float_unsupported_use_with_fullgraph(self):
+        # fullgraph=True: the restart wraps the attribute as without this patch, where
+        # math.exp specializes it per value (3 frames over 3 calls there too), instead
+        # of the frame failing.
         for kwargs in ({}, {"fullgraph": True}):
             torch._dynamo.reset()
             cnt = self.run_float(DecayLoopPow, CompileCounter(), calls=3, **kwargs)
@@ -770,7 +803,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             counters.clear()
             cnt = self.run_float(DecayBranch, backend)
             self.assertEqual(cnt.frame_count, 2)
-            self.assertEqual(self.float_graph_breaks(), 0)
+            self.assertEqual(sum(counters["graph_break"].values()), 0)
             reasons = "\n".join(guard_failures[DecayBranch.forward.__code__])
             self.assertIn("not ((self.temp * 0.9) < 0.5)", reasons)
 
@@ -778,34 +811,30 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         # The list grows, so its length guard recompiles as without this patch.
         self.run_float(DecayRecord, CompileCounter(), calls=5)
 
-    def test_float_unsupported_uses_fall_back_soundly(self):
-        # (model, frames over 6 calls, graph breaks)
+    def test_float_unsupported_uses_fall_back_to_default_wrapping(self):
+        # A use the float64 tensor cannot trace restarts with the attribute wrapped as
+        # without this patch: the frames over 6 calls are those of unpatched 2.13
+        # (measured with these loops, CompileCounter / aot_eager), and nothing
+        # graph-breaks. Before, DecayExp and DecayInt graph-broke (3 frames each) and
+        # DecayPow was specialized on every value (6 frames).
         cases = [
-            (DecayExp, 3, 1),  # math.exp: graph break at the call (without this patch: 6 frames)
-            (DecayInt, 3, 1),  # int(): graph break at the call (without this patch: 2 frames)
-            # A binary operator, where Dynamo cannot graph-break: restart with the
-            # attribute specialized, one compile per value (without this patch: 2 frames, as a
-            # SymFloat, which inductor writes back stale for DecayPow).
-            (DecayPow, 6, 0),
-            # An integer tensor operand is cast as the op casts it: traced (without this patch: 2).
-            (DecayIntTensor, 1, 0),
+            (DecayExp, 6, 7),  # math.exp specializes a SymFloat per value there too
+            (DecayInt, 2, 7),
+            (DecayPow, 2, 6),
+            (DecayLoopPow, 6, 7),  # in a loop
+            # traced on the tensor form (the integer tensor is cast as the op casts it);
+            # unpatched: 2 / 6
+            (DecayIntTensor, 1, 1),
         ]
-        for cls, frames, breaks in cases:
-            torch._dynamo.reset()
-            counters.clear()
-            cnt = self.run_float(cls, CompileCounter(), calls=6)
-            self.assertEqual((cnt.frame_count, self.float_graph_breaks()), (frames, breaks), cls.__name__)
-
-    def test_float_graph_break_names_the_place(self):
-        self.run_float(DecayExp, CompileCounter(), calls=2)
-        (message,) = counters["graph_break"]
-        self.assertIn("Unsupported use of a mutated float traced as a tensor", message)
-        self.assertIn("The value comes from the nn.Module attribute L['self'].temp, where the compiled frame", message)
-
-    def test_float_specialized_fallback_is_right_under_inductor(self):
-        # Unpatched 2.13 writes back a stale temp here from the third call.
-        cnt = self.run_float(DecayPow, CompileCounterWithBackend("inductor"), calls=4)
-        self.assertEqual(cnt.frame_count, 4)
+        for cls, frames, aot_frames in cases:
+            for backend, expected in ((CompileCounter(), frames), (CompileCounterWithBackend("aot_eager"), aot_frames)):
+                torch._dynamo.reset()
+                counters.clear()
+                cnt = self.run_float(cls, backend, calls=6)
+                self.assertEqual(cnt.frame_count, expected, (cls.__name__, backend))
+                self.assertEqual(sum(counters["graph_break"].values()), 0, cls.__name__)
+            place = "float64 tensor" if cls is DecayIntTensor else "default float"
+            self.assertEqual(scalar_places_of(cls.forward), {"L['self'].temp": place}, cls.__name__)
 
     def run_raising(self, cls, backend, calls=4):
         """Eager and compiled copies called alike: the same outputs or the same
@@ -842,14 +871,6 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
             (DivideCaught, 2, "(self.temp - 1.0) != 0.0"),
             # tensor division is inf in eager too: no guard
             (DivideTensor, 1, None),
-            # not traced on the tensor form (the attribute is specialized, or the call
-            # graph-breaks): Python raises
-            (ModuloTemp, 2, "self.temp == 3.0"),
-            (FloorDivideTemp, 2, "self.temp == 3.0"),
-            # (a graph before the call, and the resume function's graphs: it takes the
-            # call's result as a float argument, specialized, then dynamic)
-            (DivmodTemp, 3, None),
-            (FmodTemp, 3, None),
         ]
         for backend in ("eager", "aot_eager"):
             for cls, frames, reason in cases:
@@ -862,6 +883,31 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
                 if cls is DivideTensor:
                     (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(cls.forward)
                     self.assertNotIn("0.0", str(entry.guard_manager))
+
+    def test_symfloat_division_by_zero_raises_as_python(self):
+        # A number divided by a SymFloat (here a float attribute the tensor form cannot
+        # trace `%`, `//` or divmod on, wrapped as without these patches: a SymFloat
+        # once it changed) is guarded nonzero and at zero raises ZeroDivisionError as
+        # Python does. Unpatched 2.13 (same loops, same
+        # frames) returns a wrong value for `%` and `//` under the eager backend and
+        # fails the compile for `//` under aot_eager (fake-tensor propagation divides by
+        # zero). Not here: `%` under AOTAutograd, which unpatched 2.13 fails to compile
+        # for any value (its _tensorify_python_scalars has no python_mod), and
+        # math.fmod, whose fake-tensor propagation fails at zero there too.
+        cases = [
+            (ModuloTemp, "eager", 2),
+            (FloorDivideTemp, "eager", 2),
+            (FloorDivideTemp, "aot_eager", 2),
+            (DivmodTemp, "eager", 1),
+            (DivmodTemp, "aot_eager", 1),
+        ]
+        for cls, backend, frames in cases:
+            torch._dynamo.reset()
+            cnt = self.run_raising(cls, CompileCounterWithBackend(backend))
+            self.assertEqual(cnt.frame_count, frames, (cls.__name__, backend))
+            if frames == 2:
+                reasons = [r.split("#")[0].strip() for r in guard_failures[cls.forward.__code__]]
+                self.assertIn("0/0: self.temp == 3.0", reasons, cls.__name__)
 
     def test_int_division_by_zero_raises_as_python(self):
         # A traced int counter that is 0 where the frame divides by it: Python raises

@@ -4,6 +4,7 @@ attributes, dict entries such as an optimizer's state[p]['step'], list slots) ar
 traced symbolically from their first store; ints specialized on their value whatever
 automatic dynamic says become dynamic after one observed change (scalar_state.py)."""
 
+import collections
 import copy
 import math
 
@@ -102,11 +103,6 @@ class EmaState:
 def ema(x, s):
     s.state["ema"] = s.state["ema"] * 0.5 + 0.25
     return x * s.state["ema"]
-
-
-def ema_exp(x, s):
-    s.state["ema"] = s.state["ema"] * 0.5 + 0.25
-    return x * math.exp(s.state["ema"])
 
 
 def ema_branch(x, s):
@@ -228,18 +224,6 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
 
     def test_float_branch_graph_breaks_on_the_real_value(self):
         self.run_fn(ema_branch, EmaState, CompileCounterWithBackend("aot_eager"))
-
-    def test_float_graph_break_names_the_place(self):
-        # math.exp of the float64 tensor input: a graph break, whose message names the
-        # dict entry (before: "a mutated nn.Module float attribute").
-        cnt = self.run_fn(ema_exp, EmaState, CompileCounterWithBackend("eager"), calls=3)
-        # The graph before the call, the resume function's twice (it takes math.exp's
-        # result, a float specialized until it changes). Without this patch: 3 (one per call).
-        self.assertEqual(cnt.frame_count, 3)
-        (message,) = torch._dynamo.utils.counters["graph_break"]
-        self.assertIn("Unsupported use of a mutated float traced as a tensor", message)
-        self.assertIn("The value comes from the dict entry L['s'].state['ema'], where the compiled frame", message)
-        self.assertNotIn("nn.Module", message)
 
     def test_places_created_in_the_frame_stay_constants(self):
         def fill(x, d):
@@ -704,10 +688,232 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
         self.assertGreaterEqual(cnt.frame_count, 4)  # one graph per lr value
 
 
+# Floats a frame stores to and also uses in a way the float64 tensor form cannot trace
+# (patch module-float-tensors): the place is wrapped as without these patches from then
+# on, so the frame compiles exactly as often as there, never pinned on every value.
+
+
+class Places:
+    def __init__(self):
+        self.v = 1.0
+        self.d = {"v": 1.0}
+        self.l = [1.0]
+
+
+def attr_is_not_none(x, o):
+    if o.v is not None:
+        o.v = o.v * 0.9 + 0.05
+    return x * o.v
+
+
+def dict_truth(x, o):
+    o.d["v"] = o.d["v"] * 0.9 + 0.05
+    if o.d["v"]:
+        return x * o.d["v"]
+    return x
+
+
+def list_modulo_branch(x, o):
+    o.l[0] = o.l[0] + 0.3
+    if o.l[0] % 1.0 < 0.5:
+        return x.sin()
+    return x.cos()
+
+
+def attr_formatted(x, o):
+    o.v = o.v * 0.9 + 0.05
+    message = f"v={o.v:.3f}"  # noqa: F841 (built for a log line that is off)
+    return x * o.v
+
+
+def attr_floor(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * o.v + math.floor(o.v * 10)
+
+
+def attr_fmod(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * o.v + math.fmod(o.v, 0.3)
+
+
+def attr_min(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * min(o.v, 0.5)
+
+
+def attr_max(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * max(o.v, 0.5)
+
+
+def attr_round(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * round(o.v, 2)
+
+
+class SlotsPlace:
+    __slots__ = ("v",)
+
+    def __init__(self):
+        self.v = 1.0
+
+
+Pair = collections.namedtuple("Pair", "v w")
+
+
+class TuplePlace:
+    def __init__(self):
+        self.t = Pair(1.0, 2)
+        self.d = {"v": 1.0}
+
+
+def slots_attr(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x * o.v
+
+
+def namedtuple_replace(x, o):
+    o.t = o.t._replace(v=o.t.v * 0.9 + 0.05)
+    return x * o.t.v
+
+
+def dict_update_pairs(x, o):
+    o.d.update([("v", o.d["v"] * 0.9 + 0.05)])
+    return x * o.d["v"]
+
+
+GLOBAL_EMA = 1.0
+
+
+def global_float(x, o):
+    global GLOBAL_EMA
+    GLOBAL_EMA = GLOBAL_EMA * 0.9 + 0.05
+    return x * GLOBAL_EMA
+
+
+class NonlocalPlace:
+    def __init__(self):
+        v = 1.0
+
+        def step(x):
+            nonlocal v
+            v = v * 0.9 + 0.05
+            return x * v
+
+        self.step = step
+
+
+def nonlocal_float(x, o):
+    return o.step(x)
+
+
+def place_state(o):
+    if isinstance(o, SlotsPlace):
+        return o.v
+    if isinstance(o, NonlocalPlace):
+        return o.step.__closure__[0].cell_contents
+    return copy.deepcopy(vars(o))
+
+
+def resume_after_item(x, group):
+    """D-Adapt Lion's step (pytorch-optimizer): a float read from the group, a graph
+    break at .item(), and a resume function that does only Python work on numbers and
+    stores a tensor back."""
+    d = group["d"]
+    acc = group["acc"]
+    acc.add_(x * d)
+    d_hat = acc.abs().sum().item()  # a graph break
+    d = max(d, d_hat * 1e-3)
+    group["step"] += 1
+    group["acc"] = acc
+    group["d"] = d
+
+
+# (function, object factory, frames over 6 calls under eager / aot_eager): the frames
+# unpatched 2.13 compiles for these loops (measured), with two exceptions where it is
+# wrong: `%` (a wrong branch under eager, 2 / 3 frames) and formatting with a spec (the
+# compile fails). There the place is specialized on its value (6 / 6). Before, the
+# first four were specialized too (6 / 6); the math and min/max uses graph-broke
+# (eager 3 / 3 / 2 / 3 / 3, aot_eager the same: fewer than unpatched under aot_eager, but
+# more under eager, and more in real code such as pytorch-optimizer's Prodigy, whose
+# resume functions recompile for the floats they are handed); the places no store
+# hook sees compiled 7 under aot_eager (a tensorify restart per graph).
+PINNED_USES = {
+    "attr_is_not_none": (attr_is_not_none, Places, 2, 6),
+    "dict_truth": (dict_truth, Places, 2, 6),
+    "list_modulo_branch": (list_modulo_branch, Places, 6, 6),
+    "attr_formatted": (attr_formatted, Places, 6, 6),
+    "attr_floor": (attr_floor, Places, 2, 6),
+    "attr_fmod": (attr_fmod, Places, 6, 6),
+    "attr_min": (attr_min, Places, 2, 6),
+    "attr_max": (attr_max, Places, 2, 6),
+    "attr_round": (attr_round, Places, 2, 7),
+    "slots_attr": (slots_attr, SlotsPlace, 2, 6),
+    "namedtuple_replace": (namedtuple_replace, TuplePlace, 2, 6),
+    "dict_update_pairs": (dict_update_pairs, TuplePlace, 2, 6),
+    "global_float": (global_float, TuplePlace, 2, 6),
+    "nonlocal_float": (nonlocal_float, NonlocalPlace, 2, 6),
+}
+
+
+class PinnedUseTests(torch._dynamo.test_case.TestCase):
+    def run_places(self, fn, make, backend, calls=6):
+        """Eager and compiled copies called alike: outputs and Python state bitwise equal
+        after every call (a global is reset and compared around each side)."""
+        global GLOBAL_EMA
+        GLOBAL_EMA = 1.0
+        eager, compiled = make(), make()
+        cfn = torch.compile(fn, backend=backend)
+        ema = GLOBAL_EMA
+        for i in range(calls):
+            x = torch.randn(3)
+            GLOBAL_EMA = ema
+            expected = fn(x.clone(), eager)
+            ema, GLOBAL_EMA = GLOBAL_EMA, ema
+            self.assertEqual(cfn(x.clone(), compiled), expected, atol=0, rtol=0)
+            self.assertEqual(GLOBAL_EMA, ema, atol=0, rtol=0)
+            self.assertEqual(place_state(compiled), place_state(eager), atol=0, rtol=0)
+        return backend
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    @parametrize("name", list(PINNED_USES))
+    def test_frames_as_without_these_patches(self, name, backend):
+        fn, make, eager_frames, aot_frames = PINNED_USES[name]
+        cnt = self.run_places(fn, make, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, eager_frames if backend == "eager" else aot_frames)
+
+    @parametrize("name", ["attr_is_not_none", "dict_truth"])
+    def test_inductor(self, name):
+        # Unpatched 2.13: 3 frames and a stale written-back value from the third call
+        # (the AOTAutograd cache serves the graph it specialized in place for the second
+        # value to the third). Here the SymFloat's tensorify restart specializes it.
+        fn, make, _, _ = PINNED_USES[name]
+        cnt = self.run_places(fn, make, CompileCounterWithBackend("inductor"), calls=4)
+        self.assertEqual(cnt.frame_count, 5)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_scalar_only_resume_function_is_skipped(self, backend):
+        # After .item()'s graph break the resume function steps the int and stores the
+        # float: without these patches it traces no op and Dynamo skips it; with the
+        # step a SymInt it compiled `step + 1` and recompiled for d_hat (under aot_eager
+        # for every value: the SymFloat written back is specialized): 3 / 8 frames over
+        # 6 calls. Unpatched (measured): 1 / 1.
+        groups = [{"d": 1e-6, "step": 0, "acc": torch.zeros(3)} for _ in range(2)]
+        cnt = CompileCounterWithBackend(backend)
+        cfn = torch.compile(resume_after_item, backend=cnt)
+        for _ in range(6):
+            x = torch.randn(3)
+            resume_after_item(x, groups[0])
+            cfn(x, groups[1])
+            self.assertEqual(groups[1], groups[0], atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 1)
+
+
 instantiate_parametrized_tests(ScalarStateTests)
 instantiate_parametrized_tests(ChangedScalarTests)
 instantiate_parametrized_tests(FloatComparePowTests)
 instantiate_parametrized_tests(ChangedFloatTests)
+instantiate_parametrized_tests(PinnedUseTests)
 
 
 if __name__ == "__main__":

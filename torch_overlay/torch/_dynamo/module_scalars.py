@@ -144,7 +144,49 @@ def wrap_mutated_module_scalar(builder: VariableBuilder, value: int) -> Variable
             check = _Int64Check(scalar_places(builder.tx))
             output.add_graph_finalizer(check)
         check.symbols[var.sym_num.node.expr] = builder.source.name
+        note_place_input(var)
     return var
+
+
+# node.meta key of the graph inputs made for marked places (only_place_arithmetic)
+_PLACE_INPUT = "dynamo_marked_scalar_place"
+
+
+def note_place_input(var: VariableTracker) -> None:
+    """`var` is the graph input made for a marked place."""
+    var.as_proxy().node.meta[_PLACE_INPUT] = True
+
+
+def is_place_input(var: VariableTracker) -> bool:
+    """Whether `var` is a graph input made for a marked place (note_place_input)."""
+    return bool(var.as_proxy().node.meta.get(_PLACE_INPUT))
+
+
+def only_place_arithmetic(output: OutputGraph) -> bool:
+    """True if every call in the graph computes a number (a SymInt, or a 0-d tensor
+    holding one) from graph inputs made for marked places and nothing else: a counter's
+    ``step + 1`` in a frame without tensor work. Without these patches the places are
+    constants Dynamo folds, the graph has no op and Dynamo skips the frame ("No ops
+    traced"); such a frame is skipped here too, instead of compiling a graph that
+    recompiles for every value the frame's other numbers take (a float handed to a
+    resume function after ``.item()``)."""
+    scalars: set[torch.fx.Node] = set()
+    calls = False
+    for node in output.graph.nodes:
+        if node.op == "placeholder":
+            if node.meta.get(_PLACE_INPUT):
+                scalars.add(node)
+        elif "call" in node.op:
+            value = node.meta.get("example_value")
+            scalar = isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                isinstance(value, torch.Tensor) and value.dim() == 0
+            )
+            inputs = node.all_input_nodes
+            if not (scalar and inputs and all(n in scalars for n in inputs)):
+                return False
+            scalars.add(node)
+            calls = True
+    return calls
 
 
 class _Int64Check:
@@ -195,22 +237,22 @@ DIVISIONS = frozenset(
 
 
 def raise_on_zero_int_divisor(tx: InstructionTranslatorBase, fn: Any, args: list[VariableTracker]) -> None:
-    """`fn(a, n)` (fn in DIVISIONS) with a number a and a SymInt n (a traced counter):
-    Python raises ZeroDivisionError when n is 0, where fake-tensor propagation of the
-    SymInt operation fails the compile (and a graph compiled for n != 0 would divide
-    by zero at run time, after the frame's earlier stores were lost). Decide on n's
-    value under a guard (``n != 0`` or ``n == 0``) and, at zero, raise what Python
-    raises, as an exception observed in the frame. A tensor a keeps tensor semantics
-    (inf, no exception)."""
+    """`fn(a, n)` (fn in DIVISIONS) with a number a and a SymInt n (a traced counter)
+    or SymFloat n: Python raises ZeroDivisionError when n is 0, where fake-tensor
+    propagation of the symbolic operation fails the compile or computes inf or nan
+    (and a graph compiled for n != 0 would divide by zero at run time, after the
+    frame's earlier stores were lost). Decide on n's value under a guard (``n != 0``
+    or ``n == 0``) and, at zero, raise what Python raises, as an exception observed in
+    the frame. A tensor a keeps tensor semantics (inf, no exception)."""
     from torch.fx.experimental.symbolic_shapes import guard_bool
 
     from .variables.tensor import SymNodeVariable
 
     dividend, divisor = (a.realize() for a in args)
-    if not isinstance(divisor, SymNodeVariable) or divisor.python_type() is not int:
+    if not isinstance(divisor, SymNodeVariable) or divisor.python_type() not in (int, float):
         return
     sym = divisor.sym_num
-    if not isinstance(sym, torch.SymInt) or not sym.node.has_hint():
+    if not isinstance(sym, (torch.SymInt, torch.SymFloat)) or not sym.node.has_hint():
         return  # unbacked: no value to decide on (specialized as without this module)
     if isinstance(dividend, SymNodeVariable):
         if dividend.python_type() not in (int, float) or not dividend.sym_num.node.has_hint():
@@ -223,7 +265,7 @@ def raise_on_zero_int_divisor(tx: InstructionTranslatorBase, fn: Any, args: list
     if not guard_bool(sym == 0):
         return
     try:
-        fn(example, 0)
+        fn(example, sym.node.hint)
     except ZeroDivisionError as e:
         raise_observed_exception(ZeroDivisionError, tx, args=list(e.args))
 

@@ -460,13 +460,41 @@ def _tensorify_alpha(
     return True
 
 
-def restart_partially_tensorified(val: Any, tensorified_symbols: set[Any]) -> bool:
+def _pin_holds(val: Any) -> bool:
+    """Whether the guard that pins the SymFloat expression `val` to its value holds on
+    the frame that makes it. The guard is Python code printed from the expression as
+    sympy normalized it (`0.125 + 2.25*x` for `(x * 1.5 + 0.05) * 1.5 + 0.05`,
+    `0.0010000000000000009*d*d` for `d * d * (1.0 - 0.999)`), whose roundings can
+    differ from the frame's: evaluated here the same way on the symbols' values."""
+    import math
+
+    from torch.utils._sympy.printers import PythonPrinter
+
+    node = val.node
+    values = node.shape_env.backed_var_to_val
+    try:
+        env = {str(s): float(values[s]) if values[s].is_Float else int(values[s]) for s in node.expr.free_symbols}
+        return eval(PythonPrinter().doprint(node.expr), {"math": math, "torch": torch}, env) == node.hint
+    except Exception:  # no value, or code the printer writes for the guard builder alone
+        return False
+
+
+def restart_partially_tensorified(val: Any, tensorified_symbols: set[Any], saved_to_cache: bool) -> bool:
     """_tensorify_python_scalars specializes a SymFloat expression that some use could
     not take as a tensor (guard_scalar) without restarting when its float was
-    tensorified elsewhere. The compiled code of such a graph has the value baked in
-    while the FX graph and AOTAutograd caches serve it again for other values of the
-    float (a stale result, also without these patches). Specialize those floats on
-    restart instead (as for a float no use could take as a tensor): True if so."""
+    tensorified elsewhere. Specialize those floats on restart instead (as for a float
+    no use could take as a tensor), True if so, where that in-place specialization is
+    unsafe:
+    - the graph is saved to the AOTAutograd cache (`saved_to_cache`), under the key of
+      the graph before the pass: the cache serves the compiled code, the value baked
+      in, again for other values of the float (a stale result, also without these
+      patches);
+    - the guard on the expression would fail on this very frame (_pin_holds: sympy's
+      form of `d * d * (1.0 - beta2)` is `0.0010000000000000009*d**2`), which fails
+      the compile (also without these patches, rarer there: the Tensor overloads above
+      make more floats partially tensorified).
+    Elsewhere the pass guards on the expression as without these patches (a restart
+    would compile the graph once more)."""
     from torch._dynamo.symbolic_convert import TensorifyState
     from torch.fx.experimental.symbolic_shapes import symbol_is_type
     from torch.utils._sympy.symbol import SymT
@@ -474,6 +502,8 @@ def restart_partially_tensorified(val: Any, tensorified_symbols: set[Any]) -> bo
     if not _changes_enabled():
         return False
     partial = [s for s in val.node.expr.free_symbols if symbol_is_type(s, SymT.FLOAT) and s in tensorified_symbols]
+    if partial and not saved_to_cache and _pin_holds(val):
+        return False
     for s in partial:
         if not TensorifyState.should_specialize(str(s)):
             TensorifyState.specialize(str(s))

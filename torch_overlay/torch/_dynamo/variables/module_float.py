@@ -53,18 +53,20 @@ whose tensor form gives the same result, dtype and bits as the float form:
   kernel sees the same Python float as eager (a multiply and an add would round
   differently from CPU's fused multiply-add).
 
-Any other use (``%``, ``//``, ``**``, ``int()``, ``round()``, hashing (a ``set``),
-``math`` and torch functions, methods, formatting, the tensor operands
-_tensor_casts leaves out) graph-breaks when Dynamo can
-graph-break there (calls, comparisons and stores outside loops, context managers and
-fullgraph: the rest of the frame then runs with the real float). Where it cannot
-(binary and unary operators, truth tests, loops, fullgraph=True), the attributes the value
-derives from are recorded as specialized for the frame and analysis restarts: they are
-then specialized on their value (CONSTANT_MATCH, a recompile per value as with
-specialize_float), never made SymFloats, which Dynamo otherwise makes them after a change but
-which _tensorify_python_scalars specializes per value anyway and inductor can write back
-stale (``self.temp *= 0.9; return x * self.temp ** 2`` on unpatched 2.13). They are never
-marked again, so each attribute restarts a trace at most twice.
+Any other use (``//``, ``**``, ``int()``, ``round()``, ``min``/``max``, truth tests,
+``is None``, hashing (a ``set``), ``math`` and torch functions, methods, the tensor
+operands _tensor_casts leaves out) is not traced on the tensor form: the attributes the
+value derives from are recorded DEFAULT_FLOAT for the frame, and from the restart on
+they are wrapped exactly as without this module (specialized until automatic dynamic
+sees them change, then SymFloats), so such a frame compiles as often as without it.
+Neither alternative does: pinning the value (CONSTANT_MATCH) recompiles on every value
+where a SymFloat costs the eager backend one recompile, and a graph break costs a graph
+and a resume function that recompiles for the values it is handed. Two uses that
+Dynamo gets wrong on a SymFloat (``%``, formatting with a spec: _SYMFLOAT_WRONG) record
+SPECIALIZED_FLOAT instead: the value is specialized (CONSTANT_MATCH). The trace goes on
+with the value as a constant until it ends, so that every use in it decides (a later
+``%`` overrides an earlier ``round()``), and restarts before it compiles, once for all
+the places it recorded. Each attribute restarts a trace at most twice.
 
 Marks are keyed by the original frame's code, also when the frame is a resume function
 after a graph break, so the rest of the frame sees the same attribute as a tensor input.
@@ -80,8 +82,8 @@ from typing import Any, NamedTuple, NoReturn, TYPE_CHECKING
 
 import torch
 
-from .. import config, graph_break_hints
-from ..exc import raise_observed_exception, unimplemented, UnspecializeRestartAnalysis
+from .. import config
+from ..exc import raise_observed_exception, UnspecializeRestartAnalysis
 from ..module_scalars import register_marker
 from .base import VariableTracker
 
@@ -96,22 +98,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _graph_breaking_handler_code() -> Any:
-    """The code of the wrapper that symbolic_convert.break_graph_if_unsupported puts around
-    an instruction handler (every wrapper it makes shares it): an Unsupported raised inside
-    such a handler becomes a graph break. Asking the decorator itself keeps the set of
-    graph-breakable instructions upstream's."""
-    from ..symbolic_convert import break_graph_if_unsupported
-
-    return break_graph_if_unsupported(push=False, msg_prefix="")(lambda self, inst: None).__code__
-
-
-def _breaks_graph_if_unsupported(tx: InstructionTranslatorBase, opname: str) -> bool:
-    handler = getattr(type(tx), opname, None)
-    return getattr(handler, "__code__", None) is _graph_breaking_handler_code()
 
 
 def enabled() -> bool:
@@ -132,7 +118,8 @@ def _type_enabled(tx: InstructionTranslatorBase) -> bool:
 
 # How a marked float place is traced: its record in CodeState.scalar_places (module_scalars.py).
 FLOAT_TENSOR = "float64 tensor"  # a 0-d float64 tensor graph input
-SPECIALIZED_FLOAT = "specialized float"  # a use the tensor form cannot trace: specialized on its value
+DEFAULT_FLOAT = "default float"  # a use the tensor form cannot trace: wrapped as without this module
+SPECIALIZED_FLOAT = "specialized float"  # such a use that a SymFloat gets wrong: specialized on its value
 
 
 def _place(tx: InstructionTranslatorBase, source: Source) -> str | None:
@@ -142,17 +129,24 @@ def _place(tx: InstructionTranslatorBase, source: Source) -> str | None:
 
 
 def is_mutated_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
-    """True if `source` names a float module attribute this code is known to mutate."""
+    """True if `source` names a float module attribute this code is known to mutate, or
+    one that a use later in this trace recorded otherwise: the rest of the trace (which
+    goes on until the restart, see _unsupported) reads the same tensor input."""
+    from ..module_scalars import is_place_input
+
     if type(value) is not float or not enabled() or not _type_enabled(tx):
         return False
-    return _place(tx, source) == FLOAT_TENSOR
+    place = _place(tx, source)
+    if place in (DEFAULT_FLOAT, SPECIALIZED_FLOAT):
+        var = tx.output.unspec_variable_map.get(source.name)
+        return var is not None and is_place_input(var)
+    return place == FLOAT_TENSOR
 
 
 def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
-    """True if `source` names a mutated float attribute with a use the tensor form
-    cannot trace: it is specialized on its value (CONSTANT_MATCH), not made a
-    SymFloat, because a SymFloat written back by a graph is specialized per value by
-    _tensorify_python_scalars and, under inductor, can be written back stale."""
+    """True if `source` names a mutated float attribute with a use that neither the
+    tensor form nor a SymFloat computes right (see _SYMFLOAT_WRONG): it is specialized
+    on its value (CONSTANT_MATCH)."""
     if type(value) is not float or not enabled():
         return False
     return _place(tx, source) == SPECIALIZED_FLOAT
@@ -161,11 +155,14 @@ def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, v
 def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
     """The marked float attribute at builder.source as a ModuleFloatVariable holding a
     0-d float64 tensor graph input, or None to leave it to the default wrapping."""
+    from ..module_scalars import note_place_input
+
     tensor = builder.tx.output.unspec_variable_map.get(builder.name)
     if tensor is None:
         tensor = builder.wrap_float_as_tensor_input(value, item_symbol=False)
         if tensor is None:
             return None
+        note_place_input(tensor)
     expr = PythonFloat(builder.source.name, value, (builder.source,))
     return ModuleFloatVariable(tensor, frozenset({builder.source.name}), expr, source=builder.source)
 
@@ -198,8 +195,8 @@ def mark_stored_float(source: Source, old: float, value: VariableTracker) -> Non
         return
     places = scalar_places(tx)
     source_name = source.name
-    if places.get(source_name) in (FLOAT_TENSOR, SPECIALIZED_FLOAT):
-        return  # already marked (or specialized for this frame): each place is marked once
+    if places.get(source_name) in (FLOAT_TENSOR, DEFAULT_FLOAT, SPECIALIZED_FLOAT):
+        return  # already marked (or left to the default wrapping): each place is marked once
     places[source_name] = FLOAT_TENSOR
     note_marked_place(
         tx, f"{source_name} is a float mutated in the frame ({old!r} -> {new}); tracing it as a float64 tensor input"
@@ -286,12 +283,12 @@ def _raise_on_zero_divisor(
     if isinstance(divisor, SymNodeVariable):
         sym = divisor.sym_num
         if isinstance(sym, (torch.SymInt, torch.SymFloat)) and not sym.node.has_hint():
-            _unsupported(tx, args, f"division by the unbacked {divisor}")
+            _restart_unsupported(tx, args, f"division by the unbacked {divisor}")
         zero = guard_bool(sym == 0)
     elif isinstance(divisor, ModuleFloatVariable):
         expr = divisor.expr
         if expr is None:
-            _unsupported(tx, args, f"division by {divisor}, a value computed from a SymInt or SymFloat")
+            _restart_unsupported(tx, args, f"division by {divisor}, a value computed from a SymInt or SymFloat")
         zero = expr.value == 0
         code = f"{expr.code} {'==' if zero else '!='} 0.0"
         install_guard(expr.sources[0].make_guard(functools.partial(_python_float_guard, code)))
@@ -338,16 +335,20 @@ class ModuleFloatVariable(VariableTracker):
         # the float64 tensor is not a float there.
         from ..symbolic_convert import InstructionTranslator
 
-        _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
+        (value,) = _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
+        return value.as_proxy()
 
     def bool_impl(self, tx: InstructionTranslatorBase) -> VariableTracker | None:
-        _unsupported(tx, [self], f"truth value of {self}")
+        (value,) = _unsupported(tx, [self], f"truth value of {self}")
+        return value.bool_impl(tx)
 
     def hash_impl(self, tx: InstructionTranslatorBase) -> tuple[int, bool]:
-        _unsupported(tx, [self], f"hash of {self}")
+        (value,) = _unsupported(tx, [self], f"hash of {self}")
+        return value.hash_impl(tx)
 
     def var_getattr(self, tx: InstructionTranslatorBase, name: str) -> VariableTracker:
-        _unsupported(tx, [self], f"attribute {name!r} of {self}")
+        (value,) = _unsupported(tx, [self], f"attribute {name!r} of {self}")
+        return value.var_getattr(tx, name)
 
     def call_method(
         self,
@@ -356,71 +357,56 @@ class ModuleFloatVariable(VariableTracker):
         args: list[VariableTracker],
         kwargs: dict[str, VariableTracker],
     ) -> VariableTracker:
-        _unsupported(tx, [self], f"method {name!r} of {self}")
+        (value,) = _unsupported(tx, [self], f"method {name!r} of {self}")
+        return value.call_method(tx, name, args, kwargs)
 
 
-def _can_graph_break(tx: InstructionTranslatorBase) -> bool:
-    """Whether an Unsupported raised now becomes a graph break of the root frame (as
-    InstructionTranslatorBase's break_graph_if_unsupported decides), rather than
-    skipping the frame (a loop, fullgraph, a context manager) or failing the trace."""
-    root = tx.output.root_tx
-    inst = getattr(root, "current_instruction", None)
-    return (
-        inst is not None
-        and _breaks_graph_if_unsupported(root, inst.opname)
-        and root.should_compile_partial_graph()
-        and not root.maybe_has_backedge()
+# Uses that Dynamo gets wrong on a SymFloat without this module: `%` (a wrong branch
+# on `f % 1.0 < 0.5` under the eager backend, a failed compile under AOTAutograd, whose
+# _tensorify_python_scalars has no python_mod) and formatting with a spec
+# (LazySymNodeFormatString formats the value's str: `f"{f:.3f}"` fails the compile).
+_SYMFLOAT_WRONG = frozenset({operator.mod, operator.imod, str.format, format})
+
+
+def _unsupported(
+    tx: InstructionTranslatorBase, values: list[VariableTracker], context: str, fn: Any = None
+) -> list[VariableTracker]:
+    """A use the float64 tensor cannot trace as Python would: record the attributes the
+    values derive from to be wrapped as without this module (automatic dynamic decides)
+    or, for a use `fn` in _SYMFLOAT_WRONG, specialized on their values, which wins over
+    the former. The trace restarts before it compiles (module_scalars.note_marked_place)
+    and goes on until then with the values as constants, so that every use of the
+    frame's attributes decides their record; `values` with such constants in place is
+    returned for that. A value with no Python expression restarts at once."""
+    from ..module_scalars import note_marked_place, scalar_places
+    from .constant import ConstantVariable
+
+    floats = [v for v in values if isinstance(v, ModuleFloatVariable)]
+    origins = sorted(set().union(*(v.origins for v in floats)))
+    how = SPECIALIZED_FLOAT if fn in _SYMFLOAT_WRONG else DEFAULT_FLOAT
+    places = scalar_places(tx)
+    changed = [o for o in origins if places.get(o) not in (how, SPECIALIZED_FLOAT)]
+    places.update(dict.fromkeys(changed, how))
+    reason = f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {how}"
+    if any(v.expr is None for v in floats):
+        log.debug("%s; restarting", reason)
+        raise UnspecializeRestartAnalysis(reason)
+    if changed:
+        note_marked_place(tx, reason)
+    return [ConstantVariable.create(v.expr.value) if isinstance(v, ModuleFloatVariable) else v for v in values]
+
+
+def _restart_unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], context: str) -> NoReturn:
+    """A use with no constant to go on with (a division by a value with no Python
+    expression): the attributes are recorded as by _unsupported, and analysis restarts."""
+    from ..module_scalars import scalar_places
+
+    origins = sorted(set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable))))
+    places = scalar_places(tx)
+    places.update({o: DEFAULT_FLOAT for o in origins if places.get(o) != SPECIALIZED_FLOAT})
+    raise UnspecializeRestartAnalysis(
+        f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {DEFAULT_FLOAT}"
     )
-
-
-def _unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], context: str) -> NoReturn:
-    if not _can_graph_break(tx):
-        # No graph break possible here: specialize these attributes on their value.
-        origins = set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable)))
-        from ..module_scalars import scalar_places
-
-        scalar_places(tx).update(dict.fromkeys(origins, SPECIALIZED_FLOAT))
-        log.debug("%s: restarting with %s specialized", context, sorted(origins))
-        raise UnspecializeRestartAnalysis(
-            f"{context}: unsupported for a float64 tensor input; specializing {sorted(origins)}"
-        )
-    places = _describe_places(tx, set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable))))
-    unimplemented(
-        gb_type="Unsupported use of a mutated float traced as a tensor",
-        context=context,
-        explanation=f"The value comes from {places}, where the compiled frame stores a new float. "
-        "Dynamo traces such a float as a float64 tensor, which only arithmetic (+ - * / with numbers, other "
-        "such floats and floating-point tensors with at least one dimension) computes exactly like "
-        "a Python float. Dynamo graph-breaks before any other use (comparisons, branches, int(), "
-        "math functions, ...), which then runs with the real float.",
-        hints=[
-            "Keep the value in a tensor if it steers control flow, or set "
-            "torch._dynamo.config.dynamic_mutated_module_floats = False to trace such floats as "
-            "unpatched Dynamo does (specialized, recompiling when they change).",
-            *graph_break_hints.SUPPORTABLE,
-        ],
-    )
-
-
-def _describe_places(tx: InstructionTranslatorBase, origins: set[str]) -> str:
-    """The places `origins` (source names of graph inputs) name, each as what it is:
-    "the nn.Module attribute L['self'].temp", "the dict entry L['s'].state['ema']"."""
-    from ..source import AttrSource, DictGetItemSource, DictSubclassGetItemSource, GetItemSource, NNModuleSource
-
-    sources = {a.source.name: a.source for a in tx.output.graphargs if a.source is not None}
-    described = []
-    for name in sorted(origins):
-        source = sources.get(name)
-        if isinstance(source, AttrSource):
-            kind = "nn.Module attribute" if isinstance(source.base, NNModuleSource) else "attribute"
-        elif isinstance(source, (DictGetItemSource, DictSubclassGetItemSource)):
-            kind = "dict entry"
-        elif isinstance(source, GetItemSource):
-            kind = "list slot"
-        else:
-            kind = "place"
-        described.append(f"the {kind} {name}")
-    return ", ".join(described) or "a place"
 
 
 def _is_number(vt: VariableTracker) -> bool:
@@ -538,7 +524,13 @@ def call_builtin(
                 else:
                     target, proxy_args = op, (t, f)
                 return wrap_fx_proxy(tx, tx.output.create_proxy("call_function", target, proxy_args, {}))
-    _unsupported(tx, args, f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})")
+    from .builtin import BuiltinVariable
+
+    context = f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})"
+    keys = list(kwargs)
+    values = _unsupported(tx, [*args, *kwargs.values()], context, fn)
+    args, kwargs = values[: len(args)], dict(zip(keys, values[len(args) :]))
+    return BuiltinVariable(fn).call_function(tx, args, kwargs)
 
 
 _COMPARISONS = {
@@ -604,9 +596,9 @@ def call_tensor_method(
 ) -> VariableTracker | None:
     """`t.mul_(f)` and the like (add, sub, mul, div, true_divide, in place or not,
     no keyword arguments) with a ModuleFloatVariable f, as the binary operators
-    trace them; None to let TensorVariable.call_method handle the call (which
-    graph-breaks or specializes at as_proxy). In place, t is never cast (an integer
-    t raises in eager, as it does here)."""
+    trace them; None to let TensorVariable.call_method handle the call (whose
+    as_proxy restarts with the attribute wrapped as without this module). In place,
+    t is never cast (an integer t raises in eager, as it does here)."""
     from .builder import wrap_fx_proxy
     from .tensor import TensorVariable
 
