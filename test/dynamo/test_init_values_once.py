@@ -60,6 +60,13 @@ def make_params(n=4, seed=0):
     return [torch.nn.Parameter(torch.randn(3, 3, generator=gen)) for _ in range(n)]
 
 
+def make_pair(cls, n=4):
+    """Two optimizers of `cls` over equal parameters: eager, and one whose step is compiled."""
+    eager, compiled = cls(make_params(n)), cls(make_params(n))
+    cnt = CompileCounter()
+    return eager, compiled, torch.compile(compiled.step, backend=cnt), cnt
+
+
 def set_grads(params, step):
     gen = torch.Generator().manual_seed(100 + step)
     for p in params:
@@ -72,11 +79,7 @@ class InitValuesOnceTests(torch._dynamo.test_case.TestCase):
         INIT_CALLS.clear()
 
     def make_pair(self, cls=PlainSGD, n=4):
-        eager_params, compiled_params = make_params(n), make_params(n)
-        eager, compiled = cls(eager_params), cls(compiled_params)
-        cnt = CompileCounter()
-        step = torch.compile(compiled.step, backend=cnt)
-        return eager, compiled, step, cnt
+        return make_pair(cls, n)
 
     def run_step(self, eager, compiled, step, i, mutate=None):
         for opt in (eager, compiled):
@@ -1125,9 +1128,7 @@ class InitValuesOnceDesignExampleTests(torch._dynamo.test_case.TestCase):
         INIT_CALLS.clear()
 
     def make_pair(self, n=4):
-        eager, compiled = DesignSGD(make_params(n)), DesignSGD(make_params(n))
-        cnt = CompileCounter()
-        return eager, compiled, torch.compile(compiled.step, backend=cnt), cnt
+        return make_pair(DesignSGD, n)
 
     def step_both(self, eager, compiled, step, i, mutate=None, grads_of=None):
         """`mutate` both, give them the same fresh grads (every param, or those
