@@ -1264,6 +1264,31 @@ class InitValuesOnceDesignExampleTests(torch._dynamo.test_case.TestCase):
         )
 
 
+    def test_group_of_a_torch_optimizer_under_another_name_is_pinned(self):
+        # Guarded through a torch.optim.Optimizer (an OptimizerSource, under which
+        # Dynamo installs no aliasing guard): the alias and the group are pinned by
+        # identity instead, so another dict passed later recompiles.
+        @torch._dynamo.init_values_once(guards=["opt.param_groups"])
+        def lrs(opt, group, out):
+            out.append(group["lr"])
+
+        def fn(opt, group, x):
+            x = x + opt.defaults["lr"] * 0  # the optimizer is wrapped (OptimizerSource) first
+            out = []
+            lrs(opt, group, out)
+            return x * out[0]
+
+        opt = torch.optim.SGD(make_params(2), lr=0.5)
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        x = torch.ones(2)
+        self.assertEqual(compiled(opt, opt.param_groups[0], x), x * 0.5)
+        self.assertEqual(compiled(opt, opt.param_groups[0], x), x * 0.5)
+        self.assertEqual(cnt.frame_count, 1)
+        other = {"params": [], "lr": 3.0}
+        self.assertEqual(compiled(opt, other, x), x * 3.0)  # stale code would give x * 0.5
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_set_argument_is_traced_even_when_reachable(self):
         # A set is a leaf of the guarded pytree: its items are not guarded, so a set
         # the function reads must not be skipped over.

@@ -537,15 +537,18 @@ class InitValuesOnceVariable(VariableTracker):
         from ``self.param_groups``) it needs nothing more; under another name (a global
         alias) it must stay that same object on later calls."""
         from ..guards import GuardBuilder, install_guard, make_dupe_guard
+        from ..source import is_from_optimizer_source, is_from_skip_guard_source
 
         if source == guarded:
             return
         dupe = make_dupe_guard(source, guarded)
-        if dupe is not None:
+        # DUPLICATE_INPUT installs nothing under an optimizer or skip-guard source.
+        skipped = any(is_from_optimizer_source(s) or is_from_skip_guard_source(s) for s in (source, guarded))
+        if dupe is not None and not skipped:
             install_guard(source.make_guard(dupe))
         else:
-            # One local and one global source: the aliasing guard cannot pair them
-            # (make_dupe_guard); pin both to the object instead.
+            # One local and one global source (make_dupe_guard cannot pair them), or
+            # an aliasing guard that would not be installed: pin both to the object.
             log.debug("init_values_once: argument %r pinned by identity, with %s", name, guarded.name)
             install_guard(source.make_guard(GuardBuilder.ID_MATCH), guarded.make_guard(GuardBuilder.ID_MATCH))
 
