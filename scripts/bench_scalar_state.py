@@ -22,6 +22,8 @@ Cases (steps: 20; scheduler cases: 30):
                        mul() and add_(alpha=); the MLP's params paired as LoRA factors)
   po_soap              pytorch_optimizer.SOAP     (step_size of param_groups[0]['step'] as
                        add_(alpha=); its preconditioner refresh every 10 steps is a branch)
+  po_dadapt_lion       pytorch_optimizer.DAdaptLion (a float d_hat from .item() after a graph
+                       break, d = max(d, d_hat) stored in param_groups[0]['d'] by the resume frame)
   sched_onecycle       AdamW(foreach=True, lr=float) + OneCycleLR (default cycle_momentum:
                        it writes group['lr'] and group['betas'] every step)
   sched_cosine         AdamW(foreach=True, lr=float) + CosineAnnealingLR(T_max=steps)
@@ -50,7 +52,8 @@ Columns, per side (stock / patched):
              off eager on stock too); "DIFF": the first difference (printed below)
 Targets (issue 13), judged on the patched side: every optimizer <= 2 graphs over 20
 steps (the first call fills an empty state: that one recompile is the floor; po_soap
-<= 3: its refresh at step 10 is a real branch); torch_adamw <= 1; each scheduler case
+<= 3: its refresh at step 10 is a real branch; po_dadapt_lion <= 3, stock's count: its
+.item() graph break makes a resume frame); torch_adamw <= 1; each scheduler case
 <= 2 graphs over 30 steps; the counter case
 compiles nothing after its 2 warm-up steps (1 graph per code object from then on);
 and always: no recompile-limit hit and results "same" or "close". Recompile reasons
@@ -119,6 +122,7 @@ CASES = {c.name: c for c in (
     Case("po_adabelief", "pytorch_optimizer", False, 2, "pytorch-optimizer AdaBelief"),
     Case("po_lorarite", "pytorch_optimizer", False, 2, "pytorch-optimizer LoRA-RITE"),
     Case("po_soap", "pytorch_optimizer", False, 3, "pytorch-optimizer SOAP (refresh at step 10)"),
+    Case("po_dadapt_lion", "pytorch_optimizer", False, 3, "pytorch-optimizer D-Adapt Lion (.item() break)"),
     Case("sched_onecycle", None, True, 2, "AdamW + OneCycleLR"),
     Case("sched_cosine", None, True, 2, "AdamW + CosineAnnealingLR"),
     Case("sched_lambda_warmup", None, True, 2, "AdamW + LambdaLR warmup"),
@@ -249,7 +253,8 @@ def make_optimizer(case: str, params):
     import pytorch_optimizer
 
     cls = {"po_lion": pytorch_optimizer.Lion, "po_adabelief": pytorch_optimizer.AdaBelief,
-           "po_lorarite": pytorch_optimizer.LoRARite, "po_soap": pytorch_optimizer.SOAP}[case]
+           "po_lorarite": pytorch_optimizer.LoRARite, "po_soap": pytorch_optimizer.SOAP,
+           "po_dadapt_lion": pytorch_optimizer.DAdaptLion}[case]
     return cls(params)
 
 
