@@ -368,6 +368,21 @@ class ModuleFloatVariable(VariableTracker):
 _SYMFLOAT_WRONG = frozenset({operator.mod, operator.imod, str.format, format})
 
 
+def _record_places(
+    tx: InstructionTranslatorBase, floats: list[ModuleFloatVariable], how: str
+) -> tuple[list[str], list[str]]:
+    """Record the attributes `floats` derive from as `how` (DEFAULT_FLOAT or
+    SPECIALIZED_FLOAT, which wins over the former): their names, and those whose
+    record changed."""
+    from ..module_scalars import scalar_places
+
+    origins = sorted(set().union(*(v.origins for v in floats)))
+    places = scalar_places(tx)
+    changed = [o for o in origins if places.get(o) not in (how, SPECIALIZED_FLOAT)]
+    places.update(dict.fromkeys(changed, how))
+    return origins, changed
+
+
 def _unsupported(
     tx: InstructionTranslatorBase, values: list[VariableTracker], context: str, fn: Any = None
 ) -> list[VariableTracker]:
@@ -378,15 +393,12 @@ def _unsupported(
     and goes on until then with the values as constants, so that every use of the
     frame's attributes decides their record; `values` with such constants in place is
     returned for that. A value with no Python expression restarts at once."""
-    from ..module_scalars import note_marked_place, scalar_places
+    from ..module_scalars import note_marked_place
     from .constant import ConstantVariable
 
     floats = [v for v in values if isinstance(v, ModuleFloatVariable)]
-    origins = sorted(set().union(*(v.origins for v in floats)))
     how = SPECIALIZED_FLOAT if fn in _SYMFLOAT_WRONG else DEFAULT_FLOAT
-    places = scalar_places(tx)
-    changed = [o for o in origins if places.get(o) not in (how, SPECIALIZED_FLOAT)]
-    places.update(dict.fromkeys(changed, how))
+    origins, changed = _record_places(tx, floats, how)
     reason = f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {how}"
     if any(v.expr is None for v in floats):
         log.debug("%s; restarting", reason)
@@ -399,11 +411,7 @@ def _unsupported(
 def _restart_unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], context: str) -> NoReturn:
     """A use with no constant to go on with (a division by a value with no Python
     expression): the attributes are recorded as by _unsupported, and analysis restarts."""
-    from ..module_scalars import scalar_places
-
-    origins = sorted(set().union(*(v.origins for v in values if isinstance(v, ModuleFloatVariable))))
-    places = scalar_places(tx)
-    places.update({o: DEFAULT_FLOAT for o in origins if places.get(o) != SPECIALIZED_FLOAT})
+    origins, _ = _record_places(tx, [v for v in values if isinstance(v, ModuleFloatVariable)], DEFAULT_FLOAT)
     raise UnspecializeRestartAnalysis(
         f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {DEFAULT_FLOAT}"
     )
