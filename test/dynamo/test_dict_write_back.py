@@ -1,6 +1,6 @@
 # Owner(s): ["module: dynamo"]
 """After the graph, only the dict entries whose value changed are written back
-(config.write_back_changed_dict_entries_only): torch.optim's
+(ConstDictVariable.holds_original_value): torch.optim's
 state[p]["momentum_buffer"] = buf, buf the tensor the entry holds, is not replayed."""
 
 import dis
@@ -94,13 +94,6 @@ class DictWriteBackTests(torch._dynamo.test_case.TestCase):
         large = after_graph(self.steady_code())
         # Nothing per parameter after the graph.
         self.assertEqual(len(small), len(large))
-
-    def test_switch_off_writes_every_buffer_back(self):
-        with torch._dynamo.config.patch(write_back_changed_dict_entries_only=False):
-            self.run_sgd(20)
-            # One per parameter (but the first, whose state dict the optimizer's guard
-            # installation realized with the same tracker).
-            self.assertGreaterEqual(method_loads(after_graph(self.steady_code()), "update"), 19)
 
     def test_buffer_replaced_mutated_or_deleted_from_outside(self):
         def between(i, opt, params):
