@@ -8,8 +8,6 @@ alternately (never at once), --reps fresh processes each:
 
   stock       unpatched torch 2.13.0 (bench_optimizer_step's stock venv or --stock-python)
   patched     the custom wheel (the python running this script, normally .venv/bin/python)
-  patched-off the custom wheel with config.cudagraph_manager_for_cuda_only=False
-              (patch 0032 alone switched off)
 
 Steps: sgd = SGD(momentum=0.9, foreach=True), adam = Adam(foreach=True),
 adamw = AdamW(foreach=False); --n parameters of 4x4 fp32, backend="eager".
@@ -37,9 +35,7 @@ import json, sys, time
 t0 = time.process_time()
 import torch
 import_s = time.process_time() - t0
-kind, n, switch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-if switch != "default":
-    torch._dynamo.config.cudagraph_manager_for_cuda_only = switch == "on"
+kind, n = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)
 torch.manual_seed(0)
 params = [torch.nn.Parameter(torch.randn(4, 4)) for _ in range(n)]
@@ -61,12 +57,12 @@ print(json.dumps({"import_s": import_s, "first_s": times[0], "second_s": times[1
 """
 
 
-def run_one(python: str, kind: str, n: int, switch: str) -> dict:
-    proc = subprocess.run([python, "-c", WORKER, kind, str(n), switch],
+def run_one(python: str, kind: str, n: int) -> dict:
+    proc = subprocess.run([python, "-c", WORKER, kind, str(n)],
                           capture_output=True, text=True,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
-        raise SystemExit(f"worker {python} {kind} {switch} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"worker {python} {kind} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -77,31 +73,29 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="fresh processes per side (default 5)")
     ap.add_argument("--stock-python", help="python of a venv with unpatched torch 2.13.0")
     args = ap.parse_args()
-    sides = {"stock": (find_stock_python(args.stock_python), "default"),
-             "patched": (sys.executable, "on"), "patched-off": (sys.executable, "off")}
-    print(f"stock {sides['stock'][0]}  vs  patched {sys.executable}; N={args.n}, backend=eager, "
+    sides = {"stock": find_stock_python(args.stock_python), "patched": sys.executable}
+    print(f"stock {sides['stock']}  vs  patched {sys.executable}; N={args.n}, backend=eager, "
           f"CPU s of the first two compiled steps in a fresh process, median of {args.reps}")
-    print(f"| {'step':6} | {'side':11} | first s | second s | first+second s | inductor compiler imported |")
+    print(f"| {'step':6} | {'side':7} | first s | second s | first+second s | inductor compiler imported |")
     rows = {}
     for kind in args.kinds:
         samples: dict[str, list[dict]] = {side: [] for side in sides}
         for rep in range(args.reps):
-            for side, (python, switch) in sides.items():
-                samples[side].append(run_one(python, kind, args.n, switch))
+            for side, python in sides.items():
+                samples[side].append(run_one(python, kind, args.n))
         rows[kind] = samples
         for side, results in samples.items():
             first = statistics.median(r["first_s"] for r in results)
             second = statistics.median(r["second_s"] for r in results)
             both = statistics.median(r["first_s"] + r["second_s"] for r in results)
             imported = sum(r["inductor_compiler_imported"] for r in results)
-            print(f"| {kind:6} | {side:11} | {first:7.2f} | {second:8.2f} | {both:14.2f} | "
+            print(f"| {kind:6} | {side:7} | {first:7.2f} | {second:8.2f} | {both:14.2f} | "
                   f"{f'{imported}/{len(results)}':26} |")
     print("ratios of first+second (higher is better for patched):")
     for kind, samples in rows.items():
         med = {side: statistics.median(r["first_s"] + r["second_s"] for r in rs)
                for side, rs in samples.items()}
-        print(f"  {kind:6} stock/patched {med['stock'] / med['patched']:.2f}x  "
-              f"patched-off/patched {med['patched-off'] / med['patched']:.2f}x")
+        print(f"  {kind:6} stock/patched {med['stock'] / med['patched']:.2f}x")
     return 0
 
 

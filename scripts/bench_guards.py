@@ -4,10 +4,10 @@
 Run with the patched wheel (python3 scripts/dynapatch.py build, then
 .venv/bin/python scripts/bench_guards.py). For every scenario and size the same
 function is compiled twice (backend "eager") in one process: once with
-torch._dynamo.config.tensor_container_guards = False and
-avoid_tensor_instance_dicts = False (patch 0016, which also speeds up stock guard
-trees), which builds exactly the stock guard tree on stock-shaped tensors, and
-once with both on. Each copy of the function has its own code
+torch._dynamo.config.tensor_container_guards = False and every graph input given
+an (empty) instance __dict__ as stock Dynamo gives it (patch 0016 avoids that,
+which also speeds up stock guard trees), which builds exactly the stock guard tree
+on stock-shaped tensors, and once with the native guards and no such dicts. Each copy of the function has its own code
 object, so both cache entries stay live and are measured alternately, round by
 round, so that load on the machine hits both sides alike.
 
@@ -36,13 +36,15 @@ Scenarios (N tensors of 4 float32 elements each):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -127,6 +129,25 @@ def make_case(kind: str, n: int, tag: str) -> tuple[Callable[..., Any], Any, tup
     raise ValueError(kind)
 
 
+@contextlib.contextmanager
+def stock_instance_dicts() -> Iterator[None]:
+    """Give every traced tensor an empty instance __dict__, as stock Dynamo's
+    _extract_tensor_dict does by reading t.__dict__ (patch 0016 avoids it)."""
+    import torch._dynamo.output_graph
+    import torch._dynamo.variables.builder
+    from torch._dynamo.utils import _extract_tensor_dict
+
+    def extract(t: torch.Tensor) -> dict[str, Any]:
+        t.__dict__  # creates the dict, as without patch 0016
+        return _extract_tensor_dict(t)
+
+    with (
+        mock.patch.object(torch._dynamo.output_graph, "_extract_tensor_dict", extract),
+        mock.patch.object(torch._dynamo.variables.builder, "_extract_tensor_dict", extract),
+    ):
+        yield
+
+
 def build_guards_s() -> float:
     from torch._dynamo.utils import compilation_time_metrics
 
@@ -145,7 +166,10 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
     for accel in (False, True):
         tag = "accel" if accel else "stock"
         fn, code, args, f_locals = make_case(kind, n, tag)
-        with dynamo_config.patch(tensor_container_guards=accel, avoid_tensor_instance_dicts=accel):
+        with (
+            dynamo_config.patch(tensor_container_guards=accel),
+            contextlib.nullcontext() if accel else stock_instance_dicts(),
+        ):
             compiled = torch.compile(fn, backend="eager")
             build_before = build_guards_s()
             start = time.perf_counter()

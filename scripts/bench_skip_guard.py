@@ -77,7 +77,8 @@ def floor_step(params, grads, bufs, lr, momentum):
         torch._foreach_add_(params, bufs, alpha=-lr)
 
 
-# Every config switch the series adds: (a) runs with all of them off (stock Dynamo).
+# Every feature switch the series adds: (a) runs with all of them off (stock Dynamo
+# features; the speedups, which have no switch, stay on).
 DYNAPATCH_SWITCHES = (
     "init_values_once",
     "dynamic_mutated_module_scalars",
@@ -87,7 +88,6 @@ DYNAPATCH_SWITCHES = (
     "module_hook_residuals",
     "tensor_container_guards",
     "tensor_container_nested_guards",
-    "avoid_tensor_instance_dicts",
 )
 
 

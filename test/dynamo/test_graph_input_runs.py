@@ -1,7 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Consecutive graph inputs that index one guarded list the same way are loaded with
-one slice and a C-level map before the graph (config.codegen_graph_input_runs), not
-with one subscript and one temporary per input."""
+one slice and a C-level map before the graph (graph_input_runs.py), not with one
+subscript and one temporary per input."""
 
 import dis
 import inspect
@@ -57,16 +57,6 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(count(large, "CALL_FUNCTION_EX"), 1)
         self.assertEqual(count(large, "LIST_EXTEND"), count(small, "LIST_EXTEND"))
         self.assertEqual(count(large, "BUILD_SLICE"), 3)
-
-    def test_switch_off_loads_each_input(self):
-        with torch._dynamo.config.patch(codegen_graph_input_runs=False):
-            (small,) = self.step_both(MomentumSGD, 100, 2, frames=1)
-            torch._dynamo.reset()
-            (large,) = self.step_both(MomentumSGD, 200, 2, frames=1)
-        self.assertEqual(count(large, "CALL_FUNCTION_EX"), 0)
-        self.assertEqual(count(large, "BUILD_SLICE"), 0)
-        # A parameter, its grad and its buffer: at least one instruction each.
-        self.assertGreaterEqual(len(instructions(large)) - len(instructions(small)), 300)
 
     def test_torch_optim(self):
         for make_opt, frames in (

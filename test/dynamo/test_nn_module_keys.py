@@ -1,17 +1,30 @@
 # Owner(s): ["module: dynamo"]
 """OutputGraph.register_attr_or_module finds the key of an already registered module
-or static tensor through an id map (config.nn_module_key_index,
-torch/_dynamo/nn_module_keys.py) instead of walking nn_modules per registration.
-The key found is the walk's (the first one holding the object) after any sequence of
-additions, outside insertions, clear() and replacement by a copy; graphs, frame
-counts and values are the same as without the map."""
+or static tensor through an id map (OutputGraph._nn_module_key) instead of walking
+nn_modules per registration. The key found is the walk's (the first one holding the
+object) after any sequence of additions, outside insertions, clear() and replacement
+by a copy; a compiled optimizer step registers each static tensor once and matches
+eager."""
 
 import random
 
 import torch
 import torch._dynamo.test_case
-from torch._dynamo.nn_module_keys import NNModuleKeys
+from torch._dynamo.output_graph import OutputGraph
 from torch._dynamo.testing import CompileCounterWithBackend
+
+
+class Keys:
+    """OutputGraph's key map over a plain nn_modules dict: its two methods read and
+    write only these attributes."""
+
+    def __init__(self, nn_modules):
+        self.nn_modules = nn_modules
+        self._nn_module_keys = {}
+        self._nn_module_keys_of = (None, 0)
+
+    find = OutputGraph._nn_module_key
+    add = OutputGraph._add_nn_module
 
 
 def walk(nn_modules, target):
@@ -28,28 +41,31 @@ class CountingDict(dict):
 
 class NNModuleKeysTests(torch._dynamo.test_case.TestCase):
     def test_finds_the_first_key_by_identity(self):
-        keys, modules = NNModuleKeys(), {}
+        modules = {}
+        keys = Keys(modules)
         a, b = torch.zeros(2), torch.zeros(2)  # equal values, distinct objects
-        keys.add(modules, "a", a)
-        self.assertIsNone(keys.find(modules, b))
-        keys.add(modules, "b", b)
+        keys.add("a", a)
+        self.assertIsNone(keys.find(b))
+        keys.add("b", b)
         modules["a_again"] = a  # inserted without the map
-        keys.add(modules, "b_again", b)
-        self.assertEqual((keys.find(modules, a), keys.find(modules, b)), ("a", "b"))
-        keys.add(modules, "a", b)  # a key given another object
-        self.assertEqual((keys.find(modules, a), keys.find(modules, b)), ("a_again", "a"))
+        keys.add("b_again", b)
+        self.assertEqual((keys.find(a), keys.find(b)), ("a", "b"))
+        keys.add("a", b)  # a key given another object
+        self.assertEqual((keys.find(a), keys.find(b)), ("a_again", "a"))
+        self.assertEqual(modules, {"a": b, "b": b, "a_again": a, "b_again": b})
         modules.clear()
-        self.assertIsNone(keys.find(modules, a))
+        self.assertIsNone(keys.find(a))
 
     def test_agrees_with_the_walk(self):
         rng = random.Random(0)
         objects = [torch.zeros(1) for _ in range(12)]
-        keys, modules, snapshots = NNModuleKeys(), {}, []
+        modules, snapshots = {}, []
+        keys = Keys(modules)
         for step in range(3000):
             op = rng.random()
             target = rng.choice(objects)
             if op < 0.45:
-                keys.add(modules, f"k{rng.randrange(40)}", target)
+                keys.add(f"k{rng.randrange(40)}", target)
             elif op < 0.6:
                 key = f"o{step}"  # an insertion elsewhere, under a new key
                 modules[key] = target
@@ -57,6 +73,7 @@ class NNModuleKeysTests(torch._dynamo.test_case.TestCase):
                 snapshots.append(dict(modules))  # copy_graphstate
             elif op < 0.78 and snapshots:
                 modules = dict(rng.choice(snapshots))  # restore_graphstate installs a copy
+                keys.nn_modules = modules
             elif op < 0.8:
                 modules.clear()
             elif op < 0.82 and modules:
@@ -64,51 +81,48 @@ class NNModuleKeysTests(torch._dynamo.test_case.TestCase):
                 # still holds the object.
                 modules[rng.choice(list(modules))] = rng.choice(list(modules.values()))
                 for obj in objects:
-                    found = keys.find(modules, obj)
+                    found = keys.find(obj)
                     self.assertIs(found is None, walk(modules, obj) is None, step)
                     self.assertTrue(found is None or modules[found] is obj, step)
-                keys = NNModuleKeys()  # the walk's order from here on
+                keys = Keys(modules)  # the walk's order from here on
             for obj in objects:
-                self.assertIs(keys.find(modules, obj), walk(modules, obj), step)
+                self.assertIs(keys.find(obj), walk(modules, obj), step)
 
     def test_no_walk_per_lookup(self):
+        # Without this patch: one walk per registration, 100.
         objects = [torch.zeros(1) for _ in range(100)]
-        for index, expected_walks in ((True, 1), (False, 100)):
-            CountingDict.walks = 0
-            keys, modules = NNModuleKeys(), CountingDict()
-            with torch._dynamo.config.patch(nn_module_key_index=index):
-                for i, obj in enumerate(objects):
-                    self.assertIsNone(keys.find(modules, obj))
-                    keys.add(modules, f"k{i}", obj)
-            self.assertEqual(CountingDict.walks, expected_walks)
+        CountingDict.walks = 0
+        keys = Keys(CountingDict())
+        for i, obj in enumerate(objects):
+            self.assertIsNone(keys.find(obj))
+            keys.add(f"k{i}", obj)
+        self.assertEqual(CountingDict.walks, 1)
 
-    def test_optimizer_graphs_same_as_without(self):
-        def make(params):
-            return torch.optim.Adam(params, lr=0.01, foreach=True)
-
-        results = []
-        for index in (True, False):
-            torch._dynamo.reset()
-            gen = torch.Generator().manual_seed(0)
-            params = [torch.nn.Parameter(torch.randn(3, 2, generator=gen)) for _ in range(20)]
-            ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
-            opt, opt_ref = make(params), make(ref)
-            counter = CompileCounterWithBackend("eager")
-            with torch._dynamo.config.patch(nn_module_key_index=index):
-                step = torch.compile(opt.step, backend=counter)
-                for _ in range(3):
-                    for p, r in zip(params, ref):
-                        p.grad = torch.randn(3, 2, generator=gen)
-                        r.grad = p.grad.clone()
-                    step()
-                    opt_ref.step()
-                    self.assertEqual(params, ref)
-                    for p, r in zip(params, ref):
-                        self.assertEqual(opt.state[p], opt_ref.state[r])
-            results.append((counter.frame_count, [gm.code for gm in counter.graphs]))
-        self.assertEqual(results[0], results[1])
-        # The step tensors and buffers of the 20 parameters are get_attr nodes.
-        self.assertGreaterEqual(results[0][1][-1].count("getattr") + results[0][1][-1].count("self."), 20)
+    def test_optimizer_registers_each_tensor_once(self):
+        torch._dynamo.reset()
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(3, 2, generator=gen)) for _ in range(20)]
+        ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        opt = torch.optim.Adam(params, lr=0.01, foreach=True)
+        opt_ref = torch.optim.Adam(ref, lr=0.01, foreach=True)
+        counter = CompileCounterWithBackend("eager")
+        step = torch.compile(opt.step, backend=counter)
+        for _ in range(3):
+            for p, r in zip(params, ref):
+                p.grad = torch.randn(3, 2, generator=gen)
+                r.grad = p.grad.clone()
+            step()
+            opt_ref.step()
+            self.assertEqual(params, ref)
+            for p, r in zip(params, ref):
+                self.assertEqual(opt.state[p], opt_ref.state[r])
+        self.assertEqual(counter.frame_count, 1)
+        gm = counter.graphs[0]
+        attrs = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+        # The parameters, both moment buffers and the step of each of the 20
+        # parameters, each under one key.
+        self.assertEqual(len(attrs), 4 * 20)
+        self.assertEqual(len({id(a) for a in attrs}), len(attrs))
 
 
 if __name__ == "__main__":

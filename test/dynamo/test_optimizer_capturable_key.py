@@ -58,24 +58,14 @@ class CapturableKeyTests(torch._dynamo.test_case.TestCase):
     def test_group_without_the_option_keeps_its_keys(self):
         # Without this patch: the first compiled step adds "capturable": True to the group.
         cnt = self.run_steps(GroupCounterOpt)
-        self.assertLessEqual(cnt.frame_count, 3)
+        # The group's step counter changes: specialized on the first call, dynamic after.
+        self.assertEqual(cnt.frame_count, 2)
 
     @parametrize("foreach", [False, True])
     def test_torch_optim_groups_unchanged(self, foreach):
         # torch.optim declares the option: the trace still sets it (as without this patch),
         # and the real CPU groups keep capturable=False.
         self.run_steps(torch.optim.Adam, exact=False, lr=0.01, foreach=foreach)
-
-    def test_switch_off_restores_previous_behaviour(self):
-        with torch._dynamo.config.patch(capturable_only_where_declared=False):
-            (_, eager), (_, compiled) = make(GroupCounterOpt)
-            for opt in (eager, compiled):
-                for p in opt.param_groups[0]["params"]:
-                    p.grad = torch.ones_like(p)
-            opt_step(eager)
-            torch.compile(opt_step, backend=CompileCounter())(compiled)
-            self.assertNotIn("capturable", eager.param_groups[0])
-            self.assertIs(compiled.param_groups[0].get("capturable"), True)
 
 
 instantiate_parametrized_tests(CapturableKeyTests)

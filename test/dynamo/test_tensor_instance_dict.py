@@ -29,12 +29,6 @@ class TensorInstanceDictTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 1)
         self.assertEqual([has_instance_dict(x) for x in xs[:10]], [False] * 10)
 
-    @torch._dynamo.config.patch(avoid_tensor_instance_dicts=False)
-    def test_switch_off_keeps_behaviour_without_this_patch(self):
-        xs = [torch.randn(4) for _ in range(3)]
-        torch.compile(add_one, backend=CompileCounter())(xs)
-        self.assertEqual([has_instance_dict(x) for x in xs], [True] * 3)
-
     def test_tensor_attributes_still_reach_the_graph(self):
         x = torch.randn(4)
         x.tag = "activation"

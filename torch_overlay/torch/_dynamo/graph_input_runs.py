@@ -113,8 +113,6 @@ def _length_pinned(codegen: PyCodegen, sequence: Source) -> bool:
 def split_graph_inputs(codegen: PyCodegen, graphargs: list[GraphArg]) -> list[GraphArg | GraphInputRun] | None:
     """The graph inputs in order, runs of MIN_RUN_LENGTH or more folded into a
     GraphInputRun; None when there is no run (load each input as before)."""
-    if not config.codegen_graph_input_runs:
-        return None
     elements = [
         None if arg.pass_arg_as_tensor or arg.source is None else _element(codegen, arg.source)
         for arg in graphargs

@@ -57,7 +57,6 @@ def _is_plain(t: torch.Tensor) -> bool:
 
 def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context: SymbolicContext | None) -> bool:
     """Whether the general path would give ``t`` its own sizes and strides as ints."""
-    from torch.fx.experimental import _config as fx_config
     from torch.fx.experimental.symbolic_shapes import (
         _is_all_static,
         StatefulSymbolicContext,
@@ -73,11 +72,8 @@ def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context:
     if symbolic_context.view_base_context is not None:
         return False
 
-    # Without ShapeEnv's static fast path (patch 0020) the general path goes through
-    # sympy and may record events; keep to it then.
     return (
-        fx_config.static_sizes_fast_path
-        and not shape_env._translation_validation_enabled
+        not shape_env._translation_validation_enabled
         and _is_all_static(shape_env, symbolic_context, t.dim())
     )
 
