@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 
 import torch
-import torch._functorch.config
 from torch._C._functorch import is_functorch_wrapped_tensor, is_legacy_batchedtensor, peek_interpreter_stack
 from torch._logging import trace_structured
 from torch._logging._internal import trace_log
@@ -57,7 +56,6 @@ def _is_plain(t: torch.Tensor) -> bool:
 
 def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context: SymbolicContext | None) -> bool:
     """Whether the general path would give ``t`` its own sizes and strides as ints."""
-    from torch.fx.experimental import _config as fx_config
     from torch.fx.experimental.symbolic_shapes import (
         _is_all_static,
         StatefulSymbolicContext,
@@ -73,12 +71,10 @@ def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context:
     if symbolic_context.view_base_context is not None:
         return False
 
-    # Without ShapeEnv's static fast path (patch 0020) the general path goes through
-    # sympy and may record events; keep to it then.
-    return (
-        fx_config.static_sizes_fast_path
-        and not shape_env._translation_validation_enabled
-        and _is_all_static(shape_env, symbolic_context, t.dim())
+    # Only where ShapeEnv's static fast path (static-fake-sizes-fast-path) hands the
+    # ints back: elsewhere the general path goes through sympy and may record events.
+    return not shape_env._translation_validation_enabled and _is_all_static(
+        shape_env, symbolic_context, t.dim()
     )
 
 
@@ -139,8 +135,6 @@ def convert_plain_tensor(
 ) -> torch.Tensor | None:
     """``converter(t, ...)``'s result for a plain tensor, or None (nothing changed) when
     ``t`` needs the general path."""
-    if not torch._functorch.config.fake_tensor_plain_fast_path:
-        return None
     # Real-tensor propagation copies data; the general path builds under
     # inference_mode(False) and with functorch's interpreter stack cleared; it also
     # raises its no_dispatch() error.
