@@ -133,13 +133,6 @@ def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
 
         return run
 
-    # Name what this wrapper runs, as functools.wraps would: backends that look through
-    # wrappers (the custom wheel's patch 0045) then treat it as that backend.
-    if backend_name == "inductor":
-        from torch._inductor.compile_fx import compile_fx as wrapped
-    else:
-        from torch._dynamo.backends.debugging import eager as wrapped
-    backend.__wrapped__ = wrapped  # type: ignore[attr-defined]
     return backend
 
 

@@ -54,8 +54,8 @@ class ConfigPlainReadTests(torch._dynamo.test_case.TestCase):
         self.addCleanup(directory.cleanup)
         self.cfg = make_config_module(self.name, directory.name)
 
-    def read_all(self, fast):
-        """Every entry's value read with the fast path on or off, plus the lookups that ran."""
+    def read_all(self):
+        """Every entry's value, plus the alias lookups that ran."""
         lookups = []
         original = config_module.ConfigModule._get_alias_val
 
@@ -65,10 +65,7 @@ class ConfigPlainReadTests(torch._dynamo.test_case.TestCase):
             return original(module, entry)
 
         names = ["plain_int", "plain_tuple", "mutable_list", "env_default", "env_force", "aliased", "knob"]
-        with (
-            unittest.mock.patch.object(config_module.ConfigModule, "_get_alias_val", counting),
-            torch._dynamo.config.patch(config_plain_read_fast_path=fast),
-        ):
+        with unittest.mock.patch.object(config_module.ConfigModule, "_get_alias_val", counting):
             values = {name: getattr(self.cfg, name) for name in names}
         return values, len(lookups)
 
@@ -77,12 +74,10 @@ class ConfigPlainReadTests(torch._dynamo.test_case.TestCase):
         # env_default is plain (the environment's value is a default); env_force is not.
         self.assertEqual(plain, {"plain_int", "plain_tuple", "env_default"})
 
-    def test_values_same_with_and_without_this_patch(self):
-        fast_values, fast_lookups = self.read_all(True)
-        slow_values, slow_lookups = self.read_all(False)
-        self.assertEqual(fast_values, slow_values)
+    def test_values_and_lookups(self):
+        values, lookups = self.read_all()
         self.assertEqual(
-            fast_values,
+            values,
             {
                 "plain_int": 1,
                 "plain_tuple": (1, 2),
@@ -94,24 +89,21 @@ class ConfigPlainReadTests(torch._dynamo.test_case.TestCase):
             },
         )
         # The three plain entries skip the alias lookup; without this patch every read does
-        # it, the aliased entry's own read of plain_int included (8 reads).
-        self.assertEqual(fast_lookups, 7 - 3)
-        self.assertEqual(slow_lookups, 8)
+        # it, the aliased entry's own read of plain_int included (8 lookups).
+        self.assertEqual(lookups, 7 - 3)
 
     def test_user_override_wins_then_default_returns(self):
-        for fast in (True, False):
-            with torch._dynamo.config.patch(config_plain_read_fast_path=fast):
-                with self.cfg.patch(plain_int=5, env_default=False):
-                    self.assertEqual((self.cfg.plain_int, self.cfg.env_default), (5, False))
-                    self.assertEqual(self.cfg.aliased, 5)
-                self.assertEqual((self.cfg.plain_int, self.cfg.env_default), (1, True))
-                self.cfg.plain_int = 7
-                self.assertEqual(self.cfg.plain_int, 7)
-                del self.cfg.plain_int
-                # Hidden after delattr (unittest.mock.patch relies on it) until set again.
-                self.assertFalse(hasattr(self.cfg, "plain_int"))
-                self.cfg.plain_int = 1
-                self.assertEqual(self.cfg.plain_int, 1)
+        with self.cfg.patch(plain_int=5, env_default=False):
+            self.assertEqual((self.cfg.plain_int, self.cfg.env_default), (5, False))
+            self.assertEqual(self.cfg.aliased, 5)
+        self.assertEqual((self.cfg.plain_int, self.cfg.env_default), (1, True))
+        self.cfg.plain_int = 7
+        self.assertEqual(self.cfg.plain_int, 7)
+        del self.cfg.plain_int
+        # Hidden after delattr (unittest.mock.patch relies on it) until set again.
+        self.assertFalse(hasattr(self.cfg, "plain_int"))
+        self.cfg.plain_int = 1
+        self.assertEqual(self.cfg.plain_int, 1)
 
     def test_deprecated_entry_still_warns_once(self):
         with warnings.catch_warnings(record=True) as caught:
@@ -129,11 +121,6 @@ class ConfigPlainReadTests(torch._dynamo.test_case.TestCase):
     def test_unknown_name_is_attribute_error(self):
         with self.assertRaisesRegex(AttributeError, "no_such_entry does not exist"):
             self.cfg.no_such_entry
-
-    def test_dynamo_switch_is_an_alias(self):
-        with torch._dynamo.config.patch(config_plain_read_fast_path=False):
-            self.assertFalse(config_module._PLAIN_READ_FAST_PATH)
-        self.assertTrue(config_module._PLAIN_READ_FAST_PATH)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Wrapping a callable does not import torch.distributed.tensor to ask whether it is
-local_map's wrapper while local_map wrapping is not enabled
-(config.local_map_check_enabled_first). Each compile runs in a fresh interpreter,
-since whether a module is imported is per process."""
+local_map's wrapper while local_map wrapping is not enabled. The compile runs in a
+fresh interpreter, since whether a module is imported is per process."""
 
 import json
 import subprocess
@@ -25,7 +24,6 @@ SCRIPT = textwrap.dedent(
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
 
-    torch._dynamo.config.local_map_check_enabled_first = sys.argv[1] == "on"
     imported_before = "{module}" in sys.modules
 
     def helper(x):
@@ -57,25 +55,16 @@ SCRIPT = textwrap.dedent(
 ).format(module=FUNC_MAP_MODULE)
 
 
-def run(switch):
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, switch], capture_output=True, text=True, timeout=600, check=True
-    )
+def run():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 class LocalMapCheckTests(torch._dynamo.test_case.TestCase):
     def test_compile_does_not_import_local_map(self):
-        result = run("on")
+        result = run()
         self.assertFalse(result["imported_before"])
         self.assertFalse(result["imported_after"])
-        self.assertTrue(result["same"])
-        self.assertEqual(result["frames"], 2)
-
-    def test_switch_off_imports_it(self):
-        result = run("off")
-        self.assertFalse(result["imported_before"])
-        self.assertTrue(result["imported_after"])
         self.assertTrue(result["same"])
         self.assertEqual(result["frames"], 2)
 

@@ -1,16 +1,45 @@
 # Owner(s): ["module: dynamo"]
 """Compiled SGD creates a group's first momentum buffers with one foreach clone
-(torch/optim/_momentum_buffers_at_once.py)."""
+(_multi_tensor_sgd in torch/optim/sgd.py)."""
 
 import torch
 import torch._dynamo.test_case
-from torch._dynamo import config
-from torch._dynamo.testing import EagerAndRecordGraphs
+from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraphs
 
-try:
-    from .test_stacked_bias_corrections import step_compiled_and_eager
-except ImportError:
-    from test_stacked_bias_corrections import step_compiled_and_eager
+
+def step_compiled_and_eager(
+    test, make_optimizer, check, steps=4, groups=1, shapes=((3, 3), (5,), (2, 4)), prepare=None
+):
+    """Step a compiled and an eager optimizer with the same grads (optionally prepared
+    by prepare(opt, params) first); after every step compare the params and call
+    check(opt, ref, params, ref_params); return (graphs, frame_count, params)."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for _ in range(groups) for s in shapes]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+    def param_groups(ps):
+        k = len(shapes)
+        if groups == 1:
+            return ps
+        return [{"params": ps[i * k : (i + 1) * k], "lr": 0.01 * (i + 1)} for i in range(groups)]
+
+    opt = make_optimizer(param_groups(params))
+    ref = make_optimizer(param_groups(ref_params))
+    if prepare is not None:
+        prepare(opt, params)
+        prepare(ref, ref_params)
+    recording = EagerAndRecordGraphs()
+    cnt = CompileCounterWithBackend(recording)
+    compiled = torch.compile(opt.step, backend=cnt)
+    for i in range(steps):
+        for p, q in zip(params, ref_params):
+            p.grad = torch.randn(p.shape) * (i + 1)
+            q.grad = p.grad.clone()
+        compiled()
+        ref.step()
+        test.assertEqual(params, ref_params)
+        check(opt, ref, params, ref_params)
+    return recording.graphs, cnt.frame_count, params
 
 
 def count_calls(gm, target):
@@ -49,31 +78,6 @@ class MomentumBuffersAtOnceTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(count_calls(first, torch._foreach_clone), 1)
         self.assertEqual(count_methods(first, "clone") + count_methods(first, "detach"), 0)
         self.assertEqual(count_calls(graphs[1], torch._foreach_clone), 0)
-
-    def test_switch_off_clones_per_parameter(self):
-        with config.patch(optim_clones_momentum_buffers_at_once=False):
-            graphs, frames = self.run_steps(lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=True))
-        self.assertEqual(frames, 2)
-        self.assertEqual(count_calls(graphs[0], torch._foreach_clone), 0)
-        self.assertEqual(count_methods(graphs[0], "clone"), len(SHAPES))
-
-    def test_switch_is_guarded_with_a_readable_reason(self):
-        def first_step(params, grads):
-            bufs = [None] * len(params)
-            torch.optim._functional.sgd(
-                params, grads, bufs, lr=0.01, momentum=0.9, weight_decay=0.0, dampening=0.0,
-                nesterov=False, maximize=False, foreach=True,
-            )
-            return bufs
-
-        params, grads = [torch.randn(3) for _ in range(2)], [torch.ones(3) for _ in range(2)]
-        compiled = torch.compile(first_step, backend="eager")
-        with torch.no_grad():
-            compiled(params, grads)
-            with config.patch(optim_clones_momentum_buffers_at_once=False, error_on_recompile=True):
-                with self.assertRaises(torch._dynamo.exc.RecompileError) as caught:
-                    compiled(params, grads)
-        self.assertIn("optim_clones_momentum_buffers_at_once == True", str(caught.exception))
 
     def test_variants_match_eager(self):
         variants = {

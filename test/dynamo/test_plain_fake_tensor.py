@@ -1,6 +1,10 @@
 # Owner(s): ["module: dynamo"]
-"""MetaConverter builds the fake tensor of a plain dense tensor without describing it."""
+"""MetaConverter builds the fake tensor of a plain dense tensor without describing it.
 
+The reference is MetaConverter's general path, taken by every tensor when
+convert_plain_tensor is patched to decline (general_path_only)."""
+
+import contextlib
 import unittest.mock
 
 import torch
@@ -33,10 +37,17 @@ def count_general_path():
     return calls, unittest.mock.patch.object(MetaConverter, "meta_tensor", counting)
 
 
+def general_path_only(fast=False):
+    """Unless `fast`, every tensor takes MetaConverter's general path, as without the patch."""
+    if fast:
+        return contextlib.nullcontext()
+    return unittest.mock.patch("torch._subclasses.plain_meta_tensor.convert_plain_tensor", lambda *args: None)
+
+
 def fakeify(tensors, fast, shape_env=True):
     """Fake tensors of `tensors` in one FakeTensorMode, and how many took the general path."""
     calls, patch = count_general_path()
-    with patch, torch._functorch.config.patch(fake_tensor_plain_fast_path=fast):
+    with patch, general_path_only(fast):
         mode = FakeTensorMode(shape_env=ShapeEnv() if shape_env else None)
         fakes = [
             mode.from_tensor(t, source=LocalSource(f"t{i}"), symbolic_context=static_context(t) if shape_env else None)
@@ -171,7 +182,7 @@ class PlainFakeTensorTests(torch._dynamo.test_case.TestCase):
             torch._dynamo.reset()
             counter = torch._dynamo.testing.CompileCounter()
             calls, patch = count_general_path()
-            with patch, torch._dynamo.config.patch(plain_fake_tensor_fast_path=fast):
+            with patch, general_path_only(fast):
                 compiled = torch.compile(step, backend=counter)
                 params, bufs = make()
                 eager_params, eager_bufs = make()
@@ -209,7 +220,7 @@ class PlainFakeTensorTests(torch._dynamo.test_case.TestCase):
         for fast in (True, False):
             torch._dynamo.reset()
             counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-            with torch._dynamo.config.patch(plain_fake_tensor_fast_path=fast):
+            with general_path_only(fast):
                 a, b = aliased()
                 eager_a, eager_b = aliased()
                 self.assertEqual(torch.compile(f, backend=counter)(a, b), f(eager_a, eager_b))

@@ -1,6 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Source.get_value of a chained source whose name is one plain operation on its base does
-that operation instead of eval()ing the name: the same values and exceptions, fewer evals."""
+that operation instead of eval()ing the name: the same values and exceptions, fewer evals.
+The reference is the source's name evaluated as a whole (evaluated)."""
 
 import collections
 import types
@@ -47,12 +48,21 @@ def scope_of(holder):
     return {"G": {}, "L": {"h": holder}}
 
 
-def values(sources, holder, without_eval):
-    """(value or exception type) of each source, and how many times eval ran."""
+def evaluated(sources, holder):
+    """(value or exception type) of each source's whole name, evaluated."""
     out = []
-    with torch._dynamo.config.patch(source_values_without_eval=without_eval), unittest.mock.patch.object(
-        torch._guards, "eval", wraps=eval, create=True
-    ) as evals:
+    for source in sources:
+        try:
+            out.append(eval(source.name, scope_of(holder), {}))
+        except Exception as e:  # the type is what is compared
+            out.append(type(e))
+    return out
+
+
+def values(sources, holder):
+    """(value or exception type) of each source's get_value, and how many times eval ran."""
+    out = []
+    with unittest.mock.patch.object(torch._guards, "eval", wraps=eval, create=True) as evals:
         for source in sources:
             try:
                 out.append(source.get_value(scope_of(holder), {}, {}))
@@ -92,12 +102,11 @@ def sources_of_every_kind():
 
 
 class SourceValuesTests(torch._dynamo.test_case.TestCase):
-    def test_every_kind_same_value_with_and_without_eval(self):
+    def test_every_kind_same_value_as_its_name(self):
         holder = Holder()
         kinds = sources_of_every_kind()
-        direct, _ = values(kinds.values(), holder, True)
-        evaluated, _ = values(kinds.values(), holder, False)
-        for name, d, e in zip(kinds, direct, evaluated):
+        direct, _ = values(kinds.values(), holder)
+        for name, d, e in zip(kinds, direct, evaluated(kinds.values(), holder)):
             with self.subTest(name):
                 self.assertIs(type(d), type(e))
                 self.assertEqual(d, e)
@@ -123,37 +132,42 @@ class SourceValuesTests(torch._dynamo.test_case.TestCase):
         holder = Holder()
         h = LocalSource("h")
         chain = OptimizerSource(GetItemSource(AttrSource(AttrSource(h, "inner"), "items"), 1))
-        direct, direct_evals = values([chain], holder, True)
-        evaluated, evals = values([chain], holder, False)
-        self.assertIs(direct[0], evaluated[0])
-        self.assertEqual(direct[0], 8)
-        # Only the root (L['h']) is evaluated; without this patch every link is too.
+        direct, direct_evals = values([chain], holder)
+        self.assertIs(direct[0], holder.inner.items[1])
+        # Only the root (L['h']) is evaluated; without this patch every link is too (5).
         self.assertEqual(direct_evals, 1)
-        self.assertEqual(evals, 5)
 
         # A dict item by its position among the same dict's keys: the root only too.
         cfg = AttrSource(h, "cfg")
         by_position = DictGetItemSource(cfg, ConstDictKeySource(cfg, 1))
-        direct, direct_evals = values([by_position], holder, True)
+        direct, direct_evals = values([by_position], holder)
         self.assertEqual(direct, ["three"])
         self.assertEqual(direct_evals, 1)
+
+        # Names that escape braces or use getattr(): the same operation, done directly.
+        for source, expected in (
+            (DictGetItemSource(cfg, "a{b}"), "braces"),
+            (AttrSource(h, "odd name"), "odd"),
+        ):
+            direct, direct_evals = values([source], holder)
+            self.assertEqual(direct, [expected])
+            self.assertEqual(direct_evals, 1)
 
     def test_links_named_otherwise_keep_the_eval(self):
         holder = Holder()
         kinds = sources_of_every_kind()
         for name in (
             "slice item",
-            "dict str item with braces",
             "dict item by another dict's key",
-            "non-identifier attr",
             "list.__getitem__ on a list subclass",
+            "non-literal index",
         ):
             with self.subTest(name):
-                _, evals = values([kinds[name]], holder, True)
+                _, evals = values([kinds[name]], holder)
                 self.assertEqual(evals, 2)  # the root and this link
 
-    def test_guards_and_recompiles_unchanged(self):
-        def run(without_eval):
+    def test_guards_and_recompiles(self):
+        def run():
             torch._dynamo.reset()
             torch.manual_seed(0)
             holder = Holder()
@@ -168,30 +182,32 @@ class SourceValuesTests(torch._dynamo.test_case.TestCase):
 
             counter = torch._dynamo.testing.CompileCounter()
             reasons = []
-            with torch._dynamo.config.patch(source_values_without_eval=without_eval):
-                compiled = torch.compile(f, backend=counter)
-                x = torch.ones(2)
-                outs = [compiled(holder, x)]
-                holder.cfg["scale"] = 3.0
+            compiled = torch.compile(f, backend=counter)
+            x = torch.ones(2)
+            outs = []
+            for change in (None, ("cfg", "scale", 3.0), ("items", 1, 21), None):
+                if change is not None:
+                    attr, key, value = change
+                    getattr(holder, attr)[key] = value
                 outs.append(compiled(holder, x))
-                holder.items[1] = 21
-                outs.append(compiled(holder, x))
-                outs.append(compiled(holder, x))
-                from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+                self.assertEqual(outs[-1], f(holder, x))
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-                for entry in _debug_get_cache_entry_list(f.__code__):
-                    reasons.append(
-                        entry.guard_manager.check_verbose({"h": holder, "x": x}).verbose_code_parts
-                    )
-            self.assertEqual(outs[-1], f(holder, x))
-            return counter.frame_count, [o.detach() for o in outs], reasons
+            for entry in _debug_get_cache_entry_list(f.__code__):
+                reasons.append(entry.guard_manager.check_verbose({"h": holder, "x": x}).verbose_code_parts)
+            return counter.frame_count, reasons
 
-        direct, evaluated = run(True), run(False)
-        self.assertEqual(direct[0], 3)
-        self.assertEqual(direct[0], evaluated[0])
-        self.assertEqual(direct[1], evaluated[1])
-        self.assertEqual(direct[2], evaluated[2])
-        self.assertEqual(len(direct[2]), 3)
+        frames, reasons = run()
+        # A recompile per changed value (guarded through the sources' values), the last
+        # call hits the third entry.
+        self.assertEqual(frames, 3)
+        self.assertEqual(len(reasons), 3)
+        # Newest first: it passes; the older two fail on the value changed after them.
+        self.assertEqual(reasons[0], [])
+        self.assertEqual(
+            [r[0].split()[:3] for r in reasons[1:]],
+            [["L['h'].items[1]", "==", "20"], ["L['h'].cfg['scale']", "==", "2.0"]],
+        )
 
 
 if __name__ == "__main__":

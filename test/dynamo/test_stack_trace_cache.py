@@ -1,6 +1,10 @@
 # Owner(s): ["module: dynamo"]
-"""A node's user stack trace is formatted once per distinct frame chain, not per node."""
+"""A node's user stack trace is formatted once per distinct frame chain, not per node.
 
+The reference is every node formatted on its own, as without this patch: the tracer's
+cache made to keep nothing (formatting_every_node)."""
+
+import contextlib
 import sys
 import traceback
 import unittest.mock
@@ -8,6 +12,7 @@ import unittest.mock
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
+from torch._dynamo.output_graph import SubgraphTracer
 
 
 def helper(x):
@@ -43,6 +48,24 @@ def count_formats():
     return chains, unittest.mock.patch.object(traceback.StackSummary, "format", counting)
 
 
+class _KeepNothing(dict):
+    def __setitem__(self, key, value):
+        pass
+
+
+def formatting_every_node(cache=False):
+    """Unless `cache`, each SubgraphTracer's formatted-trace cache keeps nothing."""
+    if cache:
+        return contextlib.nullcontext()
+    original = SubgraphTracer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.formatted_stack_traces = _KeepNothing()
+
+    return unittest.mock.patch.object(SubgraphTracer, "__init__", init)
+
+
 class StackTraceCacheTests(torch._dynamo.test_case.TestCase):
     def trace(self, cache):
         """Compile f once; the graph's (node, stack trace) pairs and the format calls."""
@@ -56,7 +79,7 @@ class StackTraceCacheTests(torch._dynamo.test_case.TestCase):
         counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
         x, block = torch.randn(3), Block()
         calls, patch = count_formats()
-        with patch, torch._dynamo.config.patch(cache_formatted_stack_traces=cache):
+        with patch, formatting_every_node(cache):
             compiled = torch.compile(f, backend=counter, fullgraph=True)
             self.assertEqual(compiled(x, block), f(x, block))
         self.assertEqual(counter.frame_count, 1)
@@ -109,7 +132,7 @@ class StackTraceCacheTests(torch._dynamo.test_case.TestCase):
                 return gm.forward
 
             x = torch.randn(3)
-            with torch._dynamo.config.patch(cache_formatted_stack_traces=cache):
+            with formatting_every_node(cache):
                 torch._dynamo.reset()
                 out = torch.compile(cond_f, backend=backend, fullgraph=True)(x)
             self.assertEqual(out, cond_f(x))

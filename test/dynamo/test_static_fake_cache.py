@@ -1,7 +1,11 @@
 # Owner(s): ["module: dynamo"]
 """FakeTensorMode's dispatch-cache hits on fake tensors with static metadata: the key items
-and the output are built directly, and are exactly what the general path builds."""
+and the output are built directly, and are exactly what the general path builds.
 
+The reference is the general path, taken for every tensor when the two static helpers are
+patched to decline (general_path_only)."""
+
+import contextlib
 import dataclasses
 import unittest.mock
 
@@ -30,9 +34,21 @@ from torch.multiprocessing.reductions import StorageWeakRef
 aten = torch.ops.aten
 
 
-def make_mode(fast):
-    with torch._dynamo.config.patch(fake_tensor_cache_static_fast_path=fast):
-        return FakeTensorMode(shape_env=ShapeEnv())
+def make_mode():
+    return FakeTensorMode(shape_env=ShapeEnv())
+
+
+@contextlib.contextmanager
+def general_path_only(fast=False):
+    """Unless `fast`, every key and hit output takes the general path, as without the patch."""
+    if fast:
+        yield
+        return
+    with (
+        unittest.mock.patch.object(fake_tensor, "append_static_tensor_key", lambda result, arg: False),
+        unittest.mock.patch.object(fake_tensor, "static_output_from_cache_entry", lambda mode, entry: None),
+    ):
+        yield
 
 
 def fakeify(mode, t, dynamic=DimDynamic.STATIC, name="t"):
@@ -98,7 +114,7 @@ def output_metadata(out):
 
 class StaticKeyTests(torch._dynamo.test_case.TestCase):
     def test_key_items_are_the_general_path_items(self):
-        mode = make_mode(True)
+        mode = make_mode()
         for name, fake in varied_fakes(mode).items():
             with self.subTest(name):
                 fast = []
@@ -110,7 +126,7 @@ class StaticKeyTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(typed(fast), typed(general))
 
     def test_symbolic_tensor_is_left_to_the_general_path(self):
-        mode = make_mode(True)
+        mode = make_mode()
         fake = fakeify(mode, torch.randn(4, 3), dynamic=DimDynamic.DYNAMIC)
         self.assertTrue(fake._has_symbolic_sizes_strides)
         items = []
@@ -119,7 +135,11 @@ class StaticKeyTests(torch._dynamo.test_case.TestCase):
 
     def test_cache_keys_equal_with_and_without_fast_path(self):
         def keys(fast):
-            mode = make_mode(fast)
+            with general_path_only(fast):
+                return keys_of_calls()
+
+        def keys_of_calls():
+            mode = make_mode()
             fakes = varied_fakes(mode)
             calls = [
                 (aten.clone.default, (fakes["contiguous"],), {}),
@@ -146,9 +166,9 @@ class StaticKeyTests(torch._dynamo.test_case.TestCase):
 
     def test_no_tensor_metadata_built_for_static_args(self):
         for fast, expected in ((True, 0), (False, 2)):
-            mode = make_mode(fast)
+            mode = make_mode()
             a, b = fakeify(mode, torch.randn(4, 4)), fakeify(mode, torch.randn(4, 4))
-            with mode:
+            with general_path_only(fast), mode:
                 a + b  # a miss: fills the cache entry
                 with unittest.mock.patch.object(
                     fake_tensor,
@@ -165,7 +185,11 @@ class StaticKeyTests(torch._dynamo.test_case.TestCase):
 class StaticOutputTests(torch._dynamo.test_case.TestCase):
     def run_ops(self, fast):
         """Each op twice (a miss, then a hit): the hit's output and how it aliases."""
-        mode = make_mode(fast)
+        with general_path_only(fast):
+            return self.run_ops_in_mode()
+
+    def run_ops_in_mode(self):
+        mode = make_mode()
         fakes = varied_fakes(mode)
         ops = {
             "clone": lambda: fakes["contiguous"].clone(),
@@ -209,9 +233,9 @@ class StaticOutputTests(torch._dynamo.test_case.TestCase):
 
     def test_static_hit_suppresses_no_guards(self):
         for fast, expected in ((True, 0), (False, 1)):
-            mode = make_mode(fast)
+            mode = make_mode()
             a = fakeify(mode, torch.randn(4, 4))
-            with mode:
+            with general_path_only(fast), mode:
                 a.clone()
                 with unittest.mock.patch.object(
                     ShapeEnv, "suppress_guards", wraps=mode.shape_env.suppress_guards
@@ -221,7 +245,7 @@ class StaticOutputTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(suppress.call_count, expected)
 
     def test_entry_fields_decide_the_static_output(self):
-        mode = make_mode(True)
+        mode = make_mode()
         a = fakeify(mode, torch.randn(4, 3))
         entries = []
         original = FakeTensorMode._get_output_tensor_from_cache_entry
@@ -264,7 +288,7 @@ class StaticOutputTests(torch._dynamo.test_case.TestCase):
                 self.assertIsNone(static_output_from_cache_entry(mode, changed))
 
     def test_symbolic_and_view_entries_are_left_to_the_general_path(self):
-        mode = make_mode(True)
+        mode = make_mode()
         dyn = fakeify(mode, torch.randn(4, 3), dynamic=DimDynamic.DYNAMIC)
         static = fakeify(mode, torch.randn(4, 3), name="s")
         entries = {}
@@ -309,7 +333,7 @@ class StaticFakeCacheCompileTests(torch._dynamo.test_case.TestCase):
         counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
         # The cache is shared by all modes: start each side from an empty one.
         FakeTensorMode.cache_clear()
-        with torch._dynamo.config.patch(fake_tensor_cache_static_fast_path=fast):
+        with general_path_only(fast):
             compiled = torch.compile(step, backend=counter)
             outs = [compiled(params, grads, bufs, 0.1) for _ in range(3)]
         hits = FakeTensorMode.cache_hits

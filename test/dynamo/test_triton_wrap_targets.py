@@ -36,12 +36,12 @@ def count_classes_built_while_wrapping():
 
 
 class TritonWrapTargetsTests(torch._dynamo.test_case.TestCase):
-    def compile_step(self, once):
+    def compile_step(self):
         torch._dynamo.reset()
         counter = torch._dynamo.testing.CompileCounter()
         tensors = [torch.randn(3) for _ in range(50)]
         built, patches = count_classes_built_while_wrapping()
-        with patches, torch._dynamo.config.patch(triton_wrap_targets_once=once):
+        with patches:
             actual = torch.compile(step, backend=counter)(tensors, 2.0)
         self.assertEqual(actual, step(tensors, 2.0))
         self.assertEqual(counter.frame_count, 1)
@@ -49,16 +49,8 @@ class TritonWrapTargetsTests(torch._dynamo.test_case.TestCase):
 
     def test_no_classes_defined_per_wrapped_value(self):
         _triton_wrap_targets()  # looked up before: the process's first wrap pays it once
-        built = self.compile_step(once=True)
+        built = self.compile_step()
         self.assertEqual(built, [])
-
-    @unittest.skipIf(has_triton(), "stand-ins are only defined without triton")
-    def test_without_this_patch_every_wrap_defined_stand_ins(self):
-        built = self.compile_step(once=False)
-        # JITFunction, Autotuner and TensorDescriptor for each of the 50 tensors (and
-        # for the other values wrapped on the way).
-        self.assertGreaterEqual(len(built), 3 * 50)
-        self.assertEqual(set(built), {"JITFunction", "Autotuner", "TensorDescriptor"})
 
     def test_stand_ins_match_no_user_value(self):
         # Without triton the stand-ins are private classes and functions: user objects
@@ -73,14 +65,12 @@ class TritonWrapTargetsTests(torch._dynamo.test_case.TestCase):
         def f(x, obj):
             return set_allocator(x) * obj.scale
 
-        for once in (True, False):
-            torch._dynamo.reset()
-            counter = torch._dynamo.testing.CompileCounter()
-            with torch._dynamo.config.patch(triton_wrap_targets_once=once):
-                x = torch.randn(4)
-                self.assertEqual(torch.compile(f, backend=counter)(x, JITFunction(3.0)), f(x, JITFunction(3.0)))
-            self.assertEqual(counter.frame_count, 1)
-            self.assertEqual(counter.op_count, 2)
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounter()
+        x = torch.randn(4)
+        self.assertEqual(torch.compile(f, backend=counter)(x, JITFunction(3.0)), f(x, JITFunction(3.0)))
+        self.assertEqual(counter.frame_count, 1)
+        self.assertEqual(counter.op_count, 2)
 
     def test_same_objects_every_call(self):
         self.assertIs(_triton_wrap_targets(), _triton_wrap_targets())

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 
 import torch
-import torch._functorch.config
 from torch._C._functorch import is_functorch_wrapped_tensor, is_legacy_batchedtensor, peek_interpreter_stack
 from torch._logging import trace_structured
 from torch._logging._internal import trace_log
@@ -72,9 +71,16 @@ def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context:
     if symbolic_context.view_base_context is not None:
         return False
 
+<<<<<<< HEAD
     return (
         not shape_env._translation_validation_enabled
         and _is_all_static(shape_env, symbolic_context, t.dim())
+=======
+    # Only where ShapeEnv's static fast path (static-fake-sizes-fast-path) hands the
+    # ints back: elsewhere the general path goes through sympy and may record events.
+    return not shape_env._translation_validation_enabled and _is_all_static(
+        shape_env, symbolic_context, t.dim()
+>>>>>>> recut-perf-b
     )
 
 
@@ -135,8 +141,6 @@ def convert_plain_tensor(
 ) -> torch.Tensor | None:
     """``converter(t, ...)``'s result for a plain tensor, or None (nothing changed) when
     ``t`` needs the general path."""
-    if not torch._functorch.config.fake_tensor_plain_fast_path:
-        return None
     # Real-tensor propagation copies data; the general path builds under
     # inference_mode(False) and with functorch's interpreter stack cleared; it also
     # raises its no_dispatch() error.
