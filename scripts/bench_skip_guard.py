@@ -80,11 +80,9 @@ def floor_step(params, grads, bufs, lr, momentum):
 # Every config switch the series adds: (a) runs with all of them off (stock Dynamo).
 DYNAPATCH_SWITCHES = (
     "init_values_once",
-    "dynamic_mutated_module_scalars",
-    "dynamic_mutated_module_floats",
+    "scalar_state",
     "explain_recompile_reasons",
     "hook_residuals",
-    "module_hook_residuals",
     "tensor_container_guards",
     "tensor_container_nested_guards",
     "avoid_tensor_instance_dicts",
