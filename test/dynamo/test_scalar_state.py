@@ -445,6 +445,26 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         self.assertIn("c.count == 1", reasons)
 
 
+def pow_of_argument(x, n):
+    return x * math.pow(0.9, n)
+
+
+class MathPowSwitchTests(torch._dynamo.test_case.TestCase):
+    def test_math_pow_of_dynamic_int_argument(self):
+        # An int argument is a SymInt after its first change (automatic dynamic):
+        # math.pow of it is traced, 2 frames over 5 values. With scalar_state=False,
+        # as without this patch: math.pow specializes it, one frame per value.
+        for switch, frames in ((True, 2), (False, 5)):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(scalar_state=switch):
+                cnt = CompileCounterWithBackend("eager")
+                fn = torch.compile(pow_of_argument, backend=cnt)
+                for n in range(1, 6):
+                    x = torch.randn(3)
+                    self.assertEqual(fn(x, n), pow_of_argument(x, n), atol=0, rtol=0)
+            self.assertEqual(cnt.frame_count, frames, switch)
+
+
 class CounterNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
