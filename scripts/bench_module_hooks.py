@@ -1,6 +1,6 @@
 """Guard cost of nn.Module hook registrations in a compiled frame.
 
-config.module_hook_residuals (patch 0013).
+config.hook_residuals (patch 0013, module-hook-residuals).
 
 Run with the patched interpreter: .venv/bin/python scripts/bench_module_hooks.py
 A frame that registers a forward (pre-)hook on a module and calls it guards the

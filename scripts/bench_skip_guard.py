@@ -81,11 +81,9 @@ def floor_step(params, grads, bufs, lr, momentum):
 # features; the speedups, which have no switch, stay on).
 DYNAPATCH_SWITCHES = (
     "init_values_once",
-    "dynamic_mutated_module_scalars",
-    "dynamic_mutated_module_floats",
+    "scalar_state",
     "explain_recompile_reasons",
     "hook_residuals",
-    "module_hook_residuals",
     "tensor_container_guards",
     "tensor_container_nested_guards",
 )

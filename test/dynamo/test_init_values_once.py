@@ -3,6 +3,7 @@
 
 import collections
 import gc
+import importlib.util
 import linecache
 import logging
 import weakref
@@ -646,9 +647,12 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cache_c, cache_e)
         self.assertEqual(cache_c["calls"], 3)
         # "calls" is a guarded constant, one frame per value, unless a later patch
-        # (dynamic_stored_scalars) traces the stored int: then its first change is the
-        # only recompile.
-        stored_dynamic = getattr(torch._dynamo.config, "dynamic_stored_scalars", False)
+        # (scalar-state-anywhere, which adds torch._dynamo.scalar_state) traces the
+        # stored int: then its first change is the only recompile.
+        stored_dynamic = (
+            importlib.util.find_spec("torch._dynamo.scalar_state") is not None
+            and torch._dynamo.config.scalar_state
+        )
         self.assertEqual(cnt.frame_count, 2 if stored_dynamic else 3)
 
     def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):

@@ -1,6 +1,6 @@
 # Owner(s): ["module: dynamo"]
 """nn.Module forward / forward-pre hooks registered inside a compiled frame
-(config.module_hook_residuals).
+(config.hook_residuals).
 
 Every case runs the same protocol eagerly and compiled (CompileCounter with the
 eager backend, aot_eager, and aot_eager with compiled autograd): three calls on one
@@ -456,7 +456,7 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         # (With nested_graph_breaks=True Dynamo then replaces the module's
         # _forward_hooks OrderedDict by a dict at that break: TypeError.)
         with torch._dynamo.config.patch(
-            module_hook_residuals=False, nested_graph_breaks=False
+            hook_residuals=False, nested_graph_breaks=False
         ):
             torch._dynamo.reset()
             counters.clear()

@@ -956,8 +956,7 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)  # noqa: E501
 
     def test_float_switches_off_restore_default_behaviour(self):
         for patch in (
-            {"dynamic_mutated_module_floats": False},
-            {"dynamic_mutated_module_scalars": False},
+            {"scalar_state": False},
             {"specialize_float": True},
         ):
             torch._dynamo.reset()
@@ -985,7 +984,7 @@ LAMBDA_GUARD: ((L['self'].temp - 1.0) * 0.5) != 0.0""", skip=1)  # noqa: E501
             self.assertEqual(cnt.frame_count, 2, backend)
 
     def test_switch_off_restores_default_specialization(self):
-        with torch._dynamo.config.patch(dynamic_mutated_module_scalars=False):
+        with torch._dynamo.config.patch(scalar_state=False):
             cnt = self.run_both(Counter, CompileCounter(), self.inputs((3,) * 4))
         self.assertEqual(cnt.frame_count, 4)
 

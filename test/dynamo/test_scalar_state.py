@@ -7,6 +7,7 @@ automatic dynamic says become dynamic after one observed change (scalar_state.py
 import collections
 import copy
 import math
+import re
 
 import torch
 import torch._dynamo.test_case
@@ -242,11 +243,11 @@ class ScalarStateTests(torch._dynamo.test_case.TestCase):
         self.assertNotIn("L['d']['step']", str(entry.guard_manager))
 
     def test_switches_off_restore_previous_behaviour(self):
-        with torch._dynamo.config.patch(dynamic_stored_scalars=False):
+        with torch._dynamo.config.patch(scalar_state=False):
             cnt = self.run_fn(count_calls, PlainCounter, CompileCounterWithBackend("eager"))
         self.assertEqual(cnt.frame_count, 2)
         torch._dynamo.reset()
-        with torch._dynamo.config.patch(dynamic_stored_scalars=False):
+        with torch._dynamo.config.patch(scalar_state=False):
             cnt = self.run_opt(StepStateOpt, CompileCounterWithBackend("eager"))
         self.assertEqual(cnt.frame_count, 3)
 
@@ -445,6 +446,26 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         self.assertIn("c.count == 1", reasons)
 
 
+def pow_of_argument(x, n):
+    return x * math.pow(0.9, n)
+
+
+class MathPowSwitchTests(torch._dynamo.test_case.TestCase):
+    def test_math_pow_of_dynamic_int_argument(self):
+        # An int argument is a SymInt after its first change (automatic dynamic):
+        # math.pow of it is traced, 2 frames over 5 values. With scalar_state=False,
+        # as without this patch: math.pow specializes it, one frame per value.
+        for switch, frames in ((True, 2), (False, 5)):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(scalar_state=switch):
+                cnt = CompileCounterWithBackend("eager")
+                fn = torch.compile(pow_of_argument, backend=cnt)
+                for n in range(1, 6):
+                    x = torch.randn(3)
+                    self.assertEqual(fn(x, n), pow_of_argument(x, n), atol=0, rtol=0)
+            self.assertEqual(cnt.frame_count, frames, switch)
+
+
 class CounterNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -475,7 +496,7 @@ class ChangedScalarTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 2)
         reasons = "\n".join(guard_failures[read_step.__code__])
         self.assertIn("model.step == 1", reasons)
-        with torch._dynamo.config.patch(automatic_dynamic_changed_scalars=False):
+        with torch._dynamo.config.patch(scalar_state=False):
             torch._dynamo.reset()
             cnt = CompileCounterWithBackend("eager")
             fn = torch.compile(read_step, backend=cnt)
@@ -683,9 +704,16 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(fn(x, c), partially_tensorified(x, c), atol=0, rtol=0)
 
     def test_switch_off(self):
-        with torch._dynamo.config.patch(automatic_dynamic_changed_scalars=False):
-            cnt = self.run_schedule("aot_eager", "cosine", steps=4)
-        self.assertGreaterEqual(cnt.frame_count, 4)  # one graph per lr value
+        # As without this patch: the lr is specialized, each new value recompiles
+        # (every cache entry failing on it). Frames are not counted: how many graphs
+        # a recompile makes depends on the rest of the series (a tensorify restart).
+        with torch._dynamo.config.patch(scalar_state=False):
+            self.run_schedule("aot_eager", "cosine", steps=4)
+        (step,) = [code for code in guard_failures if code is torch.optim.Adam.step.__wrapped__.__code__]
+        reasons = guard_failures[step]
+        self.assertEqual([int(re.match(r"\d+/(\d+): ", r).group(1)) for r in reasons], [0, 1, 0, 2, 1, 0])
+        for reason in reasons:
+            self.assertIn("self.param_groups[0]['lr']", reason.splitlines()[0])
 
 
 # Floats a frame stores to and also uses in a way the float64 tensor form cannot trace

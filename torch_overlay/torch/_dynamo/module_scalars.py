@@ -114,7 +114,7 @@ def scalar_places(tx: InstructionTranslatorBase) -> dict[str, str]:
 def enabled() -> bool:
     # Respects automatic_dynamic_shapes=False the way allow_unspec_int_on_nn_module
     # does: the user asked for no automatic dynamism, so scalars stay specialized.
-    return config.dynamic_mutated_module_scalars and config.automatic_dynamic_shapes
+    return config.scalar_state and config.automatic_dynamic_shapes
 
 
 def is_mutated_module_scalar(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:

@@ -5,9 +5,9 @@ attribute that the compiled frame stores a new value to as a symbolic graph inpu
 Real training code keeps its counters and running values elsewhere: an optimizer's
 per-parameter state (``state[p]['step'] += 1``), ``param_groups[i]['step']``, a plain
 object's attribute, a list slot. This module extends the same rule to every sourced
-mutable place:
+mutable place (all of it under ``config.scalar_state``, the switch of those two too):
 
-- Stores (``config.dynamic_stored_scalars``): a store of a new number to an int or
+- Stores: a store of a new number to an int or
   float that entered the frame at a sourced place (an attribute of any object with a
   source, a dict entry, a list slot) marks the place on the frame's code state
   (module_scalars.code_state: resume functions share their original frame's marks); the
@@ -17,7 +17,7 @@ mutable place:
   the mutation. A place the frame
   created itself (``state['step'] = 0`` into an empty dict) has no source: it stays a
   constant.
-- Changes from outside (``config.automatic_dynamic_changed_scalars``): an int at an
+- Changes from outside: an int at an
   attribute or container place that Dynamo specializes on its value regardless of
   automatic dynamic (nn.Module attributes, places reached from globals) is traced as a
   DYNAMIC SymInt once automatic dynamic has seen it change between compiles of the
@@ -35,7 +35,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 
 from . import config
-from .module_scalars import mark_stored
+from .module_scalars import enabled, mark_stored
 
 if TYPE_CHECKING:
     from .source import Source
@@ -46,12 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 recompiles_log = torch._logging.getArtifactLogger(__name__, "recompiles")
-
-
-def stores_enabled() -> bool:
-    from .module_scalars import enabled
-
-    return enabled() and config.dynamic_stored_scalars
 
 
 def _entered_value(vt: VariableTracker | None) -> tuple[Any, Source | None]:
@@ -80,7 +74,7 @@ def on_store_attr(item: VariableTracker, name: str, value: VariableTracker) -> N
     from .variables.nn_module import UnspecializedNNModuleVariable
     from .variables.user_defined import UserDefinedObjectVariable
 
-    if not stores_enabled() or not isinstance(item, UserDefinedObjectVariable):
+    if not enabled() or not isinstance(item, UserDefinedObjectVariable):
         return
     if isinstance(item, UnspecializedNNModuleVariable) or item.source is None:
         return
@@ -95,7 +89,7 @@ def on_store_subscr(container: VariableTracker, key: VariableTracker, value: Var
     from .variables.dicts import ConstDictVariable
     from .variables.lists import ListVariable
 
-    if not stores_enabled() or container.source is None:
+    if not enabled() or container.source is None:
         return
     container = container.realize()  # __setitem__ realizes it anyway
     old_vt = None
@@ -113,12 +107,10 @@ def on_store_subscr(container: VariableTracker, key: VariableTracker, value: Var
 
 
 def _changes_make_dynamic(source: Source) -> bool:
-    from .module_scalars import enabled
     from .source import ChainedSource, is_from_defaults
 
     return (
         enabled()
-        and config.automatic_dynamic_changed_scalars
         and not config.specialize_int
         and isinstance(source, ChainedSource)
         and not is_from_defaults(source)
@@ -155,7 +147,7 @@ def changed_scalar_hint(source: Source, hint: str | None) -> str | None:
         return hint
     return (
         f"{source.name} is specialized until it changes; the recompile traces it as a dynamic SymInt "
-        "(torch._dynamo.config.automatic_dynamic_changed_scalars)"
+        "(torch._dynamo.config.scalar_state)"
     )
 
 
@@ -184,7 +176,7 @@ def call_math_pow(
     from .variables.constant import ConstantVariable
     from .variables.tensor import SymNodeVariable
 
-    if kwargs or len(args) != 2:
+    if not config.scalar_state or kwargs or len(args) != 2:
         return None
     args = [a.realize() for a in args]
     if not any(isinstance(a, SymNodeVariable) for a in args):
@@ -229,7 +221,7 @@ def on_dict_method_store(
     from .variables.constant import ConstantVariable
     from .variables.dicts import ConstDictVariable
 
-    if not stores_enabled() or container.source is None:
+    if not enabled() or container.source is None:
         return
     if name == "__setitem__" and len(args) == 2 and not kwargs:
         on_store_subscr(container, args[0], args[1])
@@ -267,7 +259,7 @@ def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
     from .source import is_constant_source
 
     if (
-        not _changes_enabled()
+        not enabled()
         or not _changes_make_dynamic(source)
         or config.specialize_float
         or not config.assume_static_by_default
@@ -279,15 +271,9 @@ def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
         return GuardBuilder.CONSTANT_MATCH
     hint = (
         f"{source.name} is specialized until it changes; the recompile traces it as a dynamic SymFloat "
-        "(torch._dynamo.config.automatic_dynamic_changed_scalars)"
+        "(torch._dynamo.config.scalar_state)"
     )
     return functools.partial(GuardBuilder.EQUALS_MATCH, recompile_hint=hint)
-
-
-def _changes_enabled() -> bool:
-    from .module_scalars import enabled
-
-    return enabled() and config.automatic_dynamic_changed_scalars
 
 
 def _float_dtype(vals: Any) -> torch.dtype | None:
@@ -347,7 +333,7 @@ def tensorify_scalar_argument(
     from torch.utils._sympy.symbol import SymT
 
     aten = torch.ops.aten
-    if not _changes_enabled() or node.op != "call_function":
+    if not enabled() or node.op != "call_function":
         return False
     target, args, kwargs = node.target, node.args, node.kwargs
     if target in (aten.add.Tensor, aten.sub.Tensor) and list(kwargs) == ["alpha"]:
@@ -499,7 +485,7 @@ def restart_partially_tensorified(val: Any, tensorified_symbols: set[Any], saved
     from torch.fx.experimental.symbolic_shapes import symbol_is_type
     from torch.utils._sympy.symbol import SymT
 
-    if not _changes_enabled():
+    if not enabled():
         return False
     partial = [s for s in val.node.expr.free_symbols if symbol_is_type(s, SymT.FLOAT) and s in tensorified_symbols]
     if partial and not saved_to_cache and _pin_holds(val):

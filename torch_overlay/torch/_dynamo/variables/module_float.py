@@ -84,7 +84,7 @@ import torch
 
 from .. import config
 from ..exc import raise_observed_exception, UnspecializeRestartAnalysis
-from ..module_scalars import register_marker
+from ..module_scalars import enabled as scalar_state_enabled, register_marker
 from .base import VariableTracker
 
 if TYPE_CHECKING:
@@ -98,12 +98,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-def enabled() -> bool:
-    from ..module_scalars import enabled as scalars_enabled
-
-    return scalars_enabled() and config.dynamic_mutated_module_floats
 
 
 def _type_enabled(tx: InstructionTranslatorBase) -> bool:
@@ -134,7 +128,7 @@ def is_mutated_module_float(tx: InstructionTranslatorBase, source: Source, value
     goes on until the restart, see _unsupported) reads the same tensor input."""
     from ..module_scalars import is_place_input
 
-    if type(value) is not float or not enabled() or not _type_enabled(tx):
+    if type(value) is not float or not scalar_state_enabled() or not _type_enabled(tx):
         return False
     place = _place(tx, source)
     if place in (DEFAULT_FLOAT, SPECIALIZED_FLOAT):
@@ -147,7 +141,7 @@ def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, v
     """True if `source` names a mutated float attribute with a use that neither the
     tensor form nor a SymFloat computes right (see _SYMFLOAT_WRONG): it is specialized
     on its value (CONSTANT_MATCH)."""
-    if type(value) is not float or not enabled():
+    if type(value) is not float or not scalar_state_enabled():
         return False
     return _place(tx, source) == SPECIALIZED_FLOAT
 
@@ -175,7 +169,7 @@ def mark_stored_float(source: Source, old: float, value: VariableTracker) -> Non
     from ..symbolic_convert import InstructionTranslator
     from .tensor import SymNodeVariable
 
-    if not enabled():
+    if not scalar_state_enabled():
         return
     if isinstance(value, SymNodeVariable):
         # A SymFloat (computed from a SymInt counter, say) would be written back as a

@@ -5,7 +5,7 @@ nn.Module forward and forward-pre hooks registered inside a compiled frame.
 ``RemovableHandle``, whose constructor increments the class attribute
 ``RemovableHandle.next_id``, and store the hook in the module's hook dicts under
 that id. Without this, Dynamo inlines the method and breaks the graph at the class
-attribute mutation. Here (``config.module_hook_residuals``) a registration on a
+attribute mutation. Here (``config.hook_residuals``) a registration on a
 module with a source is a residual side effect, like ``Tensor.register_hook`` on
 an input (see [On tensor.register_hook] in side_effects.py):
 
@@ -242,7 +242,7 @@ def maybe_register(
 
     kind, accepted = REGISTER_METHODS[fn]
     if (
-        not config.module_hook_residuals
+        not config.hook_residuals
         or tx.export
         or module.source is None
         or len(args) != 1
