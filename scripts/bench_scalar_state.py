@@ -52,7 +52,9 @@ Columns, per side (stock / patched):
              off eager on stock too); "DIFF": the first difference (printed below)
 Targets (issue 13), judged on the patched side: every optimizer <= 2 graphs over 20
 steps (the first call fills an empty state: that one recompile is the floor; po_soap
-<= 3: its refresh at step 10 is a real branch; po_dadapt_lion <= 3, stock's count: its
+<= 3: its refresh at step 10 is a real branch; timm_adabelief <= 3: its RAdam-style
+rectification `if num_sma >= 5` on the symbolic step flips at step 6, one graph per side;
+po_dadapt_lion <= 3, stock's count: its
 .item() graph break makes a resume frame); torch_adamw <= 1; each scheduler case
 <= 2 graphs over 30 steps; the counter case
 compiles nothing after its 2 warm-up steps (1 graph per code object from then on);
@@ -114,8 +116,8 @@ class Case:
 CASES = {c.name: c for c in (
     Case("torch_adamw", None, False, 1, "torch.optim.AdamW(foreach=True)"),
     Case("timm_laprop", "timm", False, 2, "timm LaProp"),
-    Case("timm_adabelief", "timm", False, 2, "timm AdaBelief"),
-    Case("timm_adabelief_deep", "timm", False, 2, "timm AdaBelief, 122 parameter tensors"),
+    Case("timm_adabelief", "timm", False, 3, "timm AdaBelief (rectification flips at step 6)"),
+    Case("timm_adabelief_deep", "timm", False, 3, "timm AdaBelief, 122 parameter tensors"),
     Case("timm_adan", "timm", False, 2, "timm Adan"),
     Case("timm_madgrad", "timm", False, 2, "timm MADGRAD"),
     Case("po_lion", "pytorch_optimizer", False, 2, "pytorch-optimizer Lion"),
