@@ -86,7 +86,6 @@ DYNAPATCH_SWITCHES = (
     "hook_residuals",
     "module_hook_residuals",
     "tensor_container_guards",
-    "tensor_container_nested_guards",
     "avoid_tensor_instance_dicts",
 )
 

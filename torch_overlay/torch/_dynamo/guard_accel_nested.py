@@ -598,19 +598,13 @@ def plan_tensor_containers(
     if tensor_guards < min_size:
         return base
     ext = guard_accel.extension()
-    if (
-        ext is None
-        or not config.tensor_container_nested_guards
-        or not hasattr(ext, "make_object_identity_guard")
-    ):
-        # An extension without this module's guards: guard_accel's plan only.
-        return NestedTensorContainerPlan(ext, base.containers) if base is not None else None
+    if ext is None:
+        return None
     containers: list[guard_accel.Container] = list(base.containers) if base is not None else []
     taken = {m for c in containers for m in c.members}
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = NestedTensorContainerPlan(ext, containers)
-    if getattr(ext, "IDENTITY_RECORDS", False):
-        plan.plan_identity_records(builder, guards, min_size)
+    plan.plan_identity_records(builder, guards, min_size)
     plan.plan_grads(builder, guards)
     plan.note_inner_type_guards(builder, guards)
     plan.plan_identity(builder, guards, min_size)
