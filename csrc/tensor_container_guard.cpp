@@ -24,88 +24,24 @@
 // are py::object members; every C-API entry point runs inside
 // GUARD_ACCEL_TRY/CATCH (HANDLE_TH_ERRORS in-tree), so no C++ exception reaches
 // the interpreter.
-#include "tensor_container_guard.h"
+#include "tensor_aliasing_group.h"
 
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace py = pybind11;
-
 namespace dynapatch {
 namespace {
-
-// Sets the Python error for the C++ exception being handled. Called from a
-// catch block only; never throws.
-void set_python_error_from_current_exception() noexcept {
-  try {
-    throw;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const py::builtin_exception& e) {
-    e.set_error();
-  } catch (...) {
-    try {
-      // c10::Error and std exceptions, as HANDLE_TH_ERRORS translates them.
-      torch::translate_exception_to_python(std::current_exception());
-    } catch (...) {
-      PyErr_SetString(
-          PyExc_RuntimeError,
-          "torch._dynamo._guard_accel: unknown C++ exception");
-    }
-  }
-}
-
-// The body of every C-API entry point (tp_call/vectorcall, methods, tp_new):
-// a C++ exception becomes a Python error and the function returns `retval`.
-#define GUARD_ACCEL_TRY try {
-#define GUARD_ACCEL_CATCH(retval)              \
-  }                                            \
-  catch (...) {                                \
-    set_python_error_from_current_exception(); \
-    return retval;                             \
-  }
-
-// What torch/csrc/dynamo/guards.cpp's GuardDebugInfo carries for a leaf guard.
-struct GuardDebugInfo {
-  explicit GuardDebugInfo(bool result) : result(result) {}
-  GuardDebugInfo(bool result, std::string failure_reason)
-      : result(result), failure_reason(std::move(failure_reason)) {}
-  bool result;
-  std::string failure_reason; // empty when result is true
-  int num_guards_executed = 1;
-};
-
-// LeafGuard's interface without its RootGuardManager / verbose_code_parts
-// plumbing (which the Python-side add_lambda_guard provides out of tree).
-class LeafGuardLike {
- public:
-  virtual ~LeafGuardLike() = default;
-  virtual bool check_nopybind(PyObject* value) = 0;
-  virtual GuardDebugInfo check_verbose_nopybind(PyObject* value) = 0;
-};
-
-// Interned at module init and never released: the module lives as long as the
-// interpreter.
-PyObject* intern(const char* s) {
-  PyObject* o = PyUnicode_InternFromString(s);
-  if (o == nullptr) {
-    throw py::error_already_set();
-  }
-  return o;
-}
 
 // A size or stride entry that is not checked (a dynamic dimension).
 constexpr int64_t kUnchecked = std::numeric_limits<int64_t>::min();
@@ -312,115 +248,6 @@ struct MarkExpectation {
 };
 
 enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
-
-// ---------------------------------------------------------------------------
-// TensorAliasingGroup: the no-aliasing guard for every tensor of a frame.
-//
-// Participants (container guards and single tensors) record the identities of
-// the tensors they checked; the group's epilogue guard, which Dynamo runs after
-// every other guard passed, decides. A participant that records an identity
-// different from the one it holds marks itself dirty. Invariant: a participant
-// that is not dirty holds exactly the identities of the last check that found
-// all of them pairwise distinct. So when no participant is dirty the epilogue
-// passes without looking at a single pointer; otherwise all identities go
-// through a hash set, and on success the dirty marks are cleared. Identities
-// are compared as raw pointers only, never dereferenced: no tensor is kept
-// alive.
-class TensorAliasingGroup final : public LeafGuardLike {
- public:
-  struct Participant {
-    std::vector<PyObject*> current;
-    std::vector<std::string> names;
-    bool dirty = true;
-  };
-
-  int add_participant(std::vector<std::string> names) {
-    Participant p;
-    p.current.assign(names.size(), nullptr);
-    p.names = std::move(names);
-    participants_.push_back(std::move(p));
-    return static_cast<int>(participants_.size()) - 1;
-  }
-
-  Participant& participant(int index) {
-    return participants_[index];
-  }
-
-  // The argument (the frame locals, as an epilogue guard) is unused.
-  bool check_nopybind(PyObject* /*value*/) override {
-    return check();
-  }
-
-  GuardDebugInfo check_verbose_nopybind(PyObject* /*value*/) override {
-    std::string d = describe_duplicate();
-    if (d.empty()) {
-      return GuardDebugInfo(true);
-    }
-    return GuardDebugInfo(false, std::move(d));
-  }
-
-  bool check() {
-    bool dirty = false;
-    for (const auto& p : participants_) {
-      dirty |= p.dirty;
-    }
-    if (!dirty) {
-      return true;
-    }
-    seen_.clear();
-    for (const auto& p : participants_) {
-      for (PyObject* obj : p.current) {
-        if (!seen_.insert(obj).second) {
-          return false;
-        }
-      }
-    }
-    for (auto& p : participants_) {
-      p.dirty = false;
-    }
-    return true;
-  }
-
-  // The names of two entries recorded by the last check that are the same
-  // tensor, or an empty string.
-  std::string describe_duplicate() const {
-    ska::flat_hash_map<PyObject*, const std::string*> first;
-    for (const auto& p : participants_) {
-      for (size_t i = 0; i < p.current.size(); i++) {
-        auto inserted = first.insert({p.current[i], &p.names[i]});
-        if (!inserted.second) {
-          return *inserted.first->second + " and " + p.names[i] +
-              " are the same tensor, but the graph was compiled for distinct tensors";
-        }
-      }
-    }
-    return "";
-  }
-
-  size_t num_tensors() const {
-    size_t n = 0;
-    for (const auto& p : participants_) {
-      n += p.current.size();
-    }
-    return n;
-  }
-
- private:
-  std::vector<Participant> participants_;
-  ska::flat_hash_set<PyObject*> seen_;
-};
-
-// Records one identity for a participant (see TensorAliasingGroup).
-C10_ALWAYS_INLINE void record_identity(
-    TensorAliasingGroup::Participant& p,
-    int32_t slot,
-    PyObject* obj) {
-  PyObject*& held = p.current[slot];
-  if (held != obj) {
-    held = obj;
-    p.dirty = true;
-  }
-}
 
 class TensorContainerGuard final : public LeafGuardLike {
  public:
@@ -1338,86 +1165,9 @@ struct GuardObject {
   TensorContainerGuard* guard;
 };
 
-struct GroupObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  TensorAliasingGroup* group;
-};
-
-// One single tensor's entry in a TensorAliasingGroup: records its identity.
-class TensorAliasingSlot final : public LeafGuardLike {
- public:
-  TensorAliasingSlot(
-      py::object group_object,
-      TensorAliasingGroup* group,
-      int participant)
-      : group_object_(std::move(group_object)),
-        group_(group),
-        participant_(participant) {}
-
-  bool check_nopybind(PyObject* tensor) override {
-    record_identity(group_->participant(participant_), 0, tensor);
-    return true;
-  }
-
-  GuardDebugInfo check_verbose_nopybind(PyObject* tensor) override {
-    return GuardDebugInfo(check_nopybind(tensor));
-  }
-
- private:
-  py::object group_object_; // keeps group_ alive
-  TensorAliasingGroup* group_;
-  int participant_; // with one entry
-};
-
-struct SlotObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  TensorAliasingSlot* slot; // owned
-};
-
-// Static types, zero-initialized here and filled in by ready_type at module
+// Static type, zero-initialized here and filled in by ready_type at module
 // init.
 PyTypeObject GuardType{};
-PyTypeObject GroupType{};
-PyTypeObject SlotType{};
-
-PyObject* one_arg(
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames,
-    const char* what) {
-  if (PyVectorcall_NARGS(nargsf) != 1 ||
-      (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
-    PyErr_Format(
-        PyExc_TypeError, "%s takes exactly one positional argument", what);
-    return nullptr;
-  }
-  return args[0];
-}
-
-// The Python results of a leaf guard: a bool for a check, True or the reason
-// for explain().
-PyObject* check_result(bool ok) {
-  if (ok) {
-    Py_RETURN_TRUE;
-  }
-  Py_RETURN_FALSE;
-}
-
-PyObject* explain_result(const GuardDebugInfo& info) {
-  if (info.result) {
-    Py_RETURN_TRUE;
-  }
-  // Reasons embed repr()s; never fail on bytes that are not UTF-8.
-  return PyUnicode_DecodeUTF8(
-      info.failure_reason.data(),
-      static_cast<Py_ssize_t>(info.failure_reason.size()),
-      "replace");
-}
-
-PyObject* string_result(const std::string& s) {
-  return PyUnicode_DecodeUTF8(
-      s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
-}
 
 PyObject* guard_vectorcall(
     PyObject* self,
@@ -1511,164 +1261,6 @@ PyMethodDef guard_methods[] = {
      "one line saying what the guard checks"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyObject* group_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames) {
-  GUARD_ACCEL_TRY
-  // Installed as an epilogue guard: called with the frame locals, which it
-  // does not read; any arguments are accepted.
-  PyObject* value = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : Py_None;
-  (void)kwnames;
-  return check_result(
-      reinterpret_cast<GroupObject*>(self)->group->check_nopybind(value));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* group_explain(
-    PyObject* self,
-    PyObject* const* /*args*/,
-    Py_ssize_t /*nargs*/) {
-  GUARD_ACCEL_TRY
-  return explain_result(
-      reinterpret_cast<GroupObject*>(self)->group->check_verbose_nopybind(
-          Py_None));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* group_num_tensors(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(
-      reinterpret_cast<GroupObject*>(self)->group->num_tensors());
-}
-
-PyObject* slot_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames);
-
-PyObject* group_add_tensor(PyObject* self, PyObject* name) {
-  GUARD_ACCEL_TRY
-  if (!PyUnicode_Check(name)) {
-    PyErr_SetString(PyExc_TypeError, "add_tensor(name: str)");
-    return nullptr;
-  }
-  Py_ssize_t size = 0;
-  const char* utf8 = PyUnicode_AsUTF8AndSize(name, &size);
-  if (utf8 == nullptr) {
-    return nullptr; // e.g. UnicodeEncodeError for a lone surrogate
-  }
-  TensorAliasingGroup* group = reinterpret_cast<GroupObject*>(self)->group;
-  auto slot = std::make_unique<TensorAliasingSlot>(
-      py::reinterpret_borrow<py::object>(self),
-      group,
-      group->add_participant({std::string(utf8, static_cast<size_t>(size))}));
-  SlotObject* obj = PyObject_New(SlotObject, &SlotType);
-  if (obj == nullptr) {
-    return nullptr;
-  }
-  obj->vectorcall = slot_vectorcall;
-  obj->slot = slot.release();
-  return reinterpret_cast<PyObject*>(obj);
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-void group_dealloc(PyObject* self) {
-  delete reinterpret_cast<GroupObject*>(self)->group;
-  Py_TYPE(self)->tp_free(self);
-}
-
-PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  GUARD_ACCEL_TRY
-  if (PyTuple_GET_SIZE(args) != 0 ||
-      (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
-    PyErr_SetString(
-        PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
-    return nullptr;
-  }
-  auto group = std::make_unique<TensorAliasingGroup>();
-  GroupObject* self = reinterpret_cast<GroupObject*>(type->tp_alloc(type, 0));
-  if (self == nullptr) {
-    return nullptr;
-  }
-  self->vectorcall = group_vectorcall;
-  self->group = group.release();
-  return reinterpret_cast<PyObject*>(self);
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyMethodDef group_methods[] = {
-    {"explain",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(group_explain)),
-     METH_FASTCALL,
-     "explain(*args) -> True, or which two entries were the same tensor in the last check"},
-    {"add_tensor",
-     group_add_tensor,
-     METH_O,
-     "add_tensor(name) -> a guard that records one tensor's identity for this group"},
-    {"num_tensors",
-     group_num_tensors,
-     METH_NOARGS,
-     "number of tensors in the group"},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyObject* slot_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames) {
-  GUARD_ACCEL_TRY
-  PyObject* tensor = one_arg(args, nargsf, kwnames, "TensorAliasingGroup slot");
-  if (tensor == nullptr) {
-    return nullptr;
-  }
-  return check_result(
-      reinterpret_cast<SlotObject*>(self)->slot->check_nopybind(tensor));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-void slot_dealloc(PyObject* self) {
-  delete reinterpret_cast<SlotObject*>(self)->slot;
-  Py_TYPE(self)->tp_free(self);
-}
-
-void ready_type(
-    PyTypeObject& type,
-    const char* name,
-    size_t size,
-    size_t vectorcall_offset,
-    destructor dealloc,
-    PyMethodDef* methods,
-    const char* doc,
-    newfunc tp_new = nullptr) {
-  // What PyVarObject_HEAD_INIT(nullptr, 0) sets: one reference (the static
-  // object itself, never released), no type yet (PyType_Ready sets it).
-  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&type), 1);
-  type.tp_name = name;
-  type.tp_new = tp_new;
-  type.tp_basicsize = static_cast<Py_ssize_t>(size);
-  type.tp_dealloc = dealloc;
-  type.tp_vectorcall_offset = static_cast<Py_ssize_t>(vectorcall_offset);
-  type.tp_call = PyVectorcall_Call;
-  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  type.tp_methods = methods;
-  type.tp_doc = doc;
-  if (PyType_Ready(&type) < 0) {
-    throw py::error_already_set();
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Construction (slow path, pybind11 for argument handling).
-
-py::handle tuple_or_list(py::handle v, const char* what) {
-  if (!PyList_Check(v.ptr()) && !PyTuple_Check(v.ptr())) {
-    throw py::type_error(std::string(what) + " must be a list or tuple");
-  }
-  return v;
-}
-
 std::vector<int64_t> shape_entries(const py::sequence& values) {
   std::vector<int64_t> out;
   out.reserve(values.size());
@@ -1692,49 +1284,6 @@ std::vector<int64_t> shape_entries(const py::sequence& values) {
     out.push_back(static_cast<int64_t>(value));
   }
   return out;
-}
-
-// An index or position: a non-negative int that fits in Py_ssize_t.
-Py_ssize_t index_arg(py::handle v, const char* what) {
-  if (!PyLong_Check(v.ptr())) {
-    throw py::type_error(std::string(what) + " must be an int");
-  }
-  Py_ssize_t value = PyLong_AsSsize_t(v.ptr());
-  if (value == -1 && PyErr_Occurred()) {
-    throw py::error_already_set();
-  }
-  if (value < 0) {
-    throw py::value_error(std::string(what) + " must not be negative");
-  }
-  return value;
-}
-
-// A str argument as UTF-8; a Python error (never an abort) if it cannot be
-// encoded.
-std::string utf8_arg(py::handle v, const char* what) {
-  if (!PyUnicode_Check(v.ptr())) {
-    throw py::type_error(std::string(what) + " must be a str");
-  }
-  Py_ssize_t size = 0;
-  const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &size);
-  if (utf8 == nullptr) {
-    throw py::error_already_set();
-  }
-  return std::string(utf8, static_cast<size_t>(size));
-}
-
-py::tuple tuple_arg(py::handle v, const char* what) {
-  if (!PyTuple_Check(v.ptr())) {
-    throw py::type_error(std::string(what) + " must be a tuple");
-  }
-  return py::reinterpret_borrow<py::tuple>(v);
-}
-
-bool bool_arg(py::handle v, const char* what) {
-  if (!PyBool_Check(v.ptr())) {
-    throw py::type_error(std::string(what) + " must be a bool");
-  }
-  return v.ptr() == Py_True;
 }
 
 Kind parse_kind(const std::string& kind) {
@@ -2037,13 +1586,15 @@ py::object make_tensor_container_guard(
   }
 
   if (!alias_names.empty()) {
-    if (aliasing_group.is_none() ||
-        Py_TYPE(aliasing_group.ptr()) != &GroupType) {
+    TensorAliasingGroup* group = aliasing_group.is_none()
+        ? nullptr
+        : aliasing_group_of(aliasing_group.ptr());
+    if (group == nullptr) {
       throw py::type_error(
           "tensors that take part in no-aliasing need a TensorAliasingGroup");
     }
     guard->group_object_ = aliasing_group;
-    guard->group_ = reinterpret_cast<GroupObject*>(aliasing_group.ptr())->group;
+    guard->group_ = group;
     guard->participant_ =
         guard->group_->add_participant(std::move(alias_names));
   }
@@ -2056,275 +1607,6 @@ py::object make_tensor_container_guard(
   obj->guard = guard.release();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
 }
-
-// ---------------------------------------------------------------------------
-// ObjectIdentityGuard: `a is b` for many pairs of container items at once, in
-// place of one Python `is` lambda per pair (DUPLICATE_INPUT), e.g. an
-// optimizer's params[i] and the i-th key of its state dict. The containers are
-// fetched from the frame locals at every check (strong references held while
-// comparing), and only items of those live containers are compared: no pointer
-// is kept between checks, so address reuse cannot make two different objects
-// look identical.
-
-struct IdentityStep {
-  bool attr; // getattr(obj, name) or obj[key]
-  py::object name_or_key;
-};
-
-struct IdentityBase {
-  py::object
-      local_name; // L[local_name], or null: start at the guard's argument
-  std::vector<IdentityStep> steps;
-  bool keys; // items are dict keys by position (list(dict.keys(d))[i])
-};
-
-struct IdentityPair {
-  int32_t base_a;
-  int32_t base_b;
-  Py_ssize_t index_a;
-  Py_ssize_t index_b;
-};
-
-class ObjectIdentityGuard final : public LeafGuardLike {
- public:
-  bool check_nopybind(PyObject* locals) override {
-    return first_failure(locals) == -1;
-  }
-
-  GuardDebugInfo check_verbose_nopybind(PyObject* locals) override {
-    Py_ssize_t p = first_failure(locals);
-    if (p == -1) {
-      return GuardDebugInfo(true);
-    }
-    if (p == -2) {
-      return GuardDebugInfo(
-          false,
-          "object identity check: a container could not be fetched or changed type");
-    }
-    return GuardDebugInfo(
-        false,
-        descriptions_[p] + " failed: the objects are no longer identical");
-  }
-
-  // -1: all pairs identical; -2: a container could not be fetched or has the
-  // wrong type; else the index of the first pair that differs (or is missing).
-  Py_ssize_t first_failure(PyObject* locals) {
-    std::vector<py::object> objs(bases_.size());
-    for (size_t i = 0; i < bases_.size(); i++) {
-      const IdentityBase& b = bases_[i];
-      py::object obj = b.local_name
-          ? py::reinterpret_steal<py::object>(
-                PyObject_GetItem(locals, b.local_name.ptr()))
-          : py::reinterpret_borrow<py::object>(
-                locals); // the steps start at the argument
-      for (const IdentityStep& s : b.steps) {
-        if (!obj) {
-          break;
-        }
-        obj = py::reinterpret_steal<py::object>(
-            s.attr ? PyObject_GetAttr(obj.ptr(), s.name_or_key.ptr())
-                   : PyObject_GetItem(obj.ptr(), s.name_or_key.ptr()));
-      }
-      if (!obj) {
-        PyErr_Clear();
-        return -2;
-      }
-      objs[i] = std::move(obj);
-    }
-    // From here on no Python code runs: borrowed items stay valid.
-    items_.assign(bases_.size(), {});
-    for (size_t i = 0; i < bases_.size(); i++) {
-      PyObject* obj = objs[i].ptr();
-      std::vector<PyObject*>& items = items_[i];
-      if (bases_[i].keys) {
-        if (!PyDict_Check(obj)) {
-          return -2;
-        }
-        Py_ssize_t pos = 0;
-        PyObject* key = nullptr;
-        PyObject* value = nullptr;
-        items.reserve(PyDict_GET_SIZE(obj));
-        while (PyDict_Next(obj, &pos, &key, &value)) {
-          items.push_back(key);
-        }
-      } else if (PyList_CheckExact(obj)) {
-        items.assign(
-            reinterpret_cast<PyListObject*>(obj)->ob_item,
-            reinterpret_cast<PyListObject*>(obj)->ob_item +
-                PyList_GET_SIZE(obj));
-      } else if (PyTuple_CheckExact(obj)) {
-        items.assign(
-            reinterpret_cast<PyTupleObject*>(obj)->ob_item,
-            reinterpret_cast<PyTupleObject*>(obj)->ob_item +
-                PyTuple_GET_SIZE(obj));
-      } else {
-        return -2;
-      }
-    }
-    for (size_t p = 0; p < pairs_.size(); p++) {
-      const IdentityPair& pair = pairs_[p];
-      const std::vector<PyObject*>& a = items_[pair.base_a];
-      const std::vector<PyObject*>& b = items_[pair.base_b];
-      if (pair.index_a >= static_cast<Py_ssize_t>(a.size()) ||
-          pair.index_b >= static_cast<Py_ssize_t>(b.size()) ||
-          a[pair.index_a] != b[pair.index_b]) {
-        return static_cast<Py_ssize_t>(p);
-      }
-    }
-    return -1;
-  }
-
-  std::vector<IdentityBase> bases_;
-  std::vector<IdentityPair> pairs_;
-  std::vector<std::string> descriptions_; // per pair: "a is b"
-  std::vector<std::vector<PyObject*>> items_; // scratch: borrowed, one check
-};
-
-struct IdentityObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  ObjectIdentityGuard* guard;
-};
-
-PyTypeObject IdentityType{}; // see GuardType
-
-PyObject* identity_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames) {
-  GUARD_ACCEL_TRY
-  PyObject* locals = one_arg(args, nargsf, kwnames, "ObjectIdentityGuard");
-  if (locals == nullptr) {
-    return nullptr;
-  }
-  return check_result(
-      reinterpret_cast<IdentityObject*>(self)->guard->check_nopybind(locals));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* identity_explain(PyObject* self, PyObject* locals) {
-  GUARD_ACCEL_TRY
-  return explain_result(
-      reinterpret_cast<IdentityObject*>(self)->guard->check_verbose_nopybind(
-          locals));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* identity_summary(PyObject* self, PyObject* /*unused*/) {
-  GUARD_ACCEL_TRY
-  ObjectIdentityGuard* g = reinterpret_cast<IdentityObject*>(self)->guard;
-  std::ostringstream os;
-  os << g->pairs_.size() << " same-object check"
-     << (g->pairs_.size() == 1 ? "" : "s")
-     << " in one native ObjectIdentityGuard";
-  if (!g->descriptions_.empty()) {
-    os << " (e.g. " << g->descriptions_[0] << ")";
-  }
-  return string_result(os.str());
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* identity_len(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromSize_t(
-      reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
-}
-
-void identity_dealloc(PyObject* self) {
-  delete reinterpret_cast<IdentityObject*>(self)->guard;
-  Py_TYPE(self)->tp_free(self);
-}
-
-PyMethodDef identity_methods[] = {
-    {"explain",
-     identity_explain,
-     METH_O,
-     "explain(frame_locals) -> True, or the first pair that is no longer identical"},
-    {"num_pairs",
-     identity_len,
-     METH_NOARGS,
-     "number of identity pairs checked"},
-    {"summary",
-     identity_summary,
-     METH_NOARGS,
-     "one line saying what the guard checks"},
-    {nullptr, nullptr, 0, nullptr}};
-
-// bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
-// [(base_a, index_a, base_b, index_b, description)].
-py::object make_object_identity_guard(
-    const py::handle& bases_arg,
-    const py::handle& pairs_arg) {
-  if (!PyList_Check(bases_arg.ptr()) || !PyList_Check(pairs_arg.ptr())) {
-    throw py::type_error("bases and pairs must be lists");
-  }
-  // Copies: the caller's lists cannot change while they are read.
-  auto bases =
-      py::reinterpret_steal<py::list>(PySequence_List(bases_arg.ptr()));
-  auto pairs =
-      py::reinterpret_steal<py::list>(PySequence_List(pairs_arg.ptr()));
-  if (!bases || !pairs) {
-    throw py::error_already_set();
-  }
-  auto guard = std::make_unique<ObjectIdentityGuard>();
-  for (py::handle item : bases) {
-    py::tuple b = tuple_arg(item, "base");
-    if (b.size() != 3 ||
-        !(b[0].is_none() || PyUnicode_CheckExact(b[0].ptr()))) {
-      throw py::value_error(
-          "base must be (local_name: str | None, steps, keys: bool)");
-    }
-    IdentityBase base{py::object(), {}, bool_arg(b[2], "base keys")};
-    if (!b[0].is_none()) {
-      base.local_name = py::reinterpret_borrow<py::object>(b[0]);
-    }
-    for (py::handle st : tuple_or_list(b[1], "base steps")) {
-      py::tuple step = tuple_arg(st, "step");
-      if (step.size() != 2) {
-        throw py::value_error("step must be (is_attr, name_or_key)");
-      }
-      bool attr = bool_arg(step[0], "step is_attr");
-      PyObject* k = step[1].ptr();
-      // Constant keys only: their hashing and comparison run no user code.
-      if (attr ? !PyUnicode_CheckExact(k)
-               : !(PyUnicode_CheckExact(k) || PyLong_CheckExact(k))) {
-        throw py::type_error(
-            "steps take exact str attribute names and str/int keys");
-      }
-      base.steps.push_back(
-          IdentityStep{attr, py::reinterpret_borrow<py::object>(step[1])});
-    }
-    guard->bases_.push_back(std::move(base));
-  }
-  const auto num_bases = static_cast<Py_ssize_t>(guard->bases_.size());
-  for (py::handle item : pairs) {
-    py::tuple p = tuple_arg(item, "pair");
-    if (p.size() != 5) {
-      throw py::value_error(
-          "pair must be (base_a, index_a, base_b, index_b, description)");
-    }
-    Py_ssize_t base_a = index_arg(p[0], "pair base_a");
-    Py_ssize_t base_b = index_arg(p[2], "pair base_b");
-    if (base_a >= num_bases || base_b >= num_bases) {
-      throw py::value_error("pair refers to an unknown base");
-    }
-    IdentityPair pair{
-        static_cast<int32_t>(base_a),
-        static_cast<int32_t>(base_b),
-        index_arg(p[1], "pair index_a"),
-        index_arg(p[3], "pair index_b")};
-    guard->pairs_.push_back(pair);
-    guard->descriptions_.push_back(utf8_arg(p[4], "pair description"));
-  }
-  IdentityObject* obj = PyObject_New(IdentityObject, &IdentityType);
-  if (obj == nullptr) {
-    throw py::error_already_set();
-  }
-  obj->vectorcall = identity_vectorcall;
-  obj->guard = guard.release();
-  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
-}
-
-} // namespace
 
 void init_tensor_container_guard(py::module_& m) {
   for (int a = 0; a < kNumMarkAttrs; a++) {
@@ -2348,53 +1630,8 @@ void init_tensor_container_guard(py::module_& m) {
       guard_methods,
       "TensorContainerGuard(container) -> bool: TENSOR_MATCH and dimension-marking "
       "checks for every tensor of one list, tuple or dict");
-  ready_type(
-      GroupType,
-      "torch._dynamo._guard_accel.TensorAliasingGroup",
-      sizeof(GroupObject),
-      offsetof(GroupObject, vectorcall),
-      group_dealloc,
-      group_methods,
-      "TensorAliasingGroup(): the no-aliasing guard of one frame; call it (as an "
-      "epilogue guard) after its participants recorded their tensors",
-      group_new);
-  ready_type(
-      SlotType,
-      "torch._dynamo._guard_accel.TensorAliasingSlot",
-      sizeof(SlotObject),
-      offsetof(SlotObject, vectorcall),
-      slot_dealloc,
-      nullptr,
-      "records one tensor's identity for its TensorAliasingGroup; always True");
-
-  ready_type(
-      IdentityType,
-      "torch._dynamo._guard_accel.ObjectIdentityGuard",
-      sizeof(IdentityObject),
-      offsetof(IdentityObject, vectorcall),
-      identity_dealloc,
-      identity_methods,
-      "ObjectIdentityGuard(frame_locals) -> bool: `a is b` for every recorded pair "
-      "of container items");
-  m.attr("ObjectIdentityGuard") =
-      py::handle(reinterpret_cast<PyObject*>(&IdentityType));
-  m.def(
-      "make_object_identity_guard",
-      &make_object_identity_guard,
-      py::arg("bases"),
-      py::arg("pairs"),
-      "Build an ObjectIdentityGuard. bases: (local_name or None for the guard's argument, steps, keys) with steps "
-      "(is_attr, name_or_key) from the frame locals to a list/tuple (keys False) or "
-      "dict whose keys are indexed by position (keys True); pairs: (base_a, index_a, "
-      "base_b, index_b, description).");
   m.attr("TensorContainerGuard") =
       py::handle(reinterpret_cast<PyObject*>(&GuardType));
-  m.attr("TensorAliasingGroup") =
-      py::handle(reinterpret_cast<PyObject*>(&GroupType));
-  m.attr("TensorAliasingSlot") =
-      py::handle(reinterpret_cast<PyObject*>(&SlotType));
-  // Identity records (sizes and strides None) are understood.
-  m.attr("IDENTITY_RECORDS") = true;
   m.attr("MARK_ATTRS") = py::make_tuple(
       kMarkAttrNames[0],
       kMarkAttrNames[1],
@@ -2421,4 +1658,7 @@ void init_tensor_container_guard(py::module_& m) {
       "order} for positions with elements, whose keys are then checked too.");
 }
 
+const RegisterModuleInit registered(init_tensor_container_guard);
+
+} // namespace
 } // namespace dynapatch

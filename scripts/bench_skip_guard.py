@@ -85,7 +85,6 @@ DYNAPATCH_SWITCHES = (
     "explain_recompile_reasons",
     "hook_residuals",
     "tensor_container_guards",
-    "tensor_container_nested_guards",
 )
 
 

@@ -156,17 +156,6 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
         self.assertFalse(any(k.startswith("___tensor_container") for k in gm.closure_vars))
         self.assertNotIn("___tensor_container_identity", gm.closure_vars)
 
-    def test_nested_switch_off_keeps_container_guards_only(self):
-        params = make_params(16)
-        with config.patch(tensor_container_nested_guards=False):
-            _, _, _, gm = compile_opt(params)
-        tree = str(gm)
-        self.assertIn("___tensor_container_0", gm.closure_vars)  # the params list
-        self.assertIn("GradGuardAccessor", tree)
-        self.assertIn("is list(dict.keys", tree)
-        self.assertNotIn("___tensor_container_nested_0", gm.closure_vars)
-        self.assertNotIn("___tensor_container_identity", gm.closure_vars)
-
     def test_small_frames_keep_per_tensor_guards(self):
         params = make_params(config.tensor_container_guard_min_size - 1)
         _, _, _, gm = compile_opt(params)
@@ -408,7 +397,7 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
         self.assertNotIn("['momentum_buffer']", tree)
         self.assertNotIn("['exp_avg']", tree)
         self.assertIn("___tensor_container_nested_0(L['self'].state)", tree)
-        with config.patch(tensor_container_nested_guards=False):
+        with config.patch(tensor_container_guards=False):
             torch._dynamo.reset()
             opt_off, _, cnt_off = self.run_pair(kind, 16, 4)
             tree_off = str(self.cache_entries(opt_off)[0].guard_manager)
@@ -484,7 +473,7 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
         frames = []
         for native in (True, False):
             torch._dynamo.reset()
-            with config.patch(tensor_container_nested_guards=native):
+            with config.patch(tensor_container_guards=native):
                 _, _, cnt = self.run_pair(kind, 12, 6, between)
             frames.append(cnt.frame_count)
         self.assertEqual(frames[0], frames[1])
@@ -727,7 +716,7 @@ class RandomizedAgreementTests(torch._dynamo.test_case.TestCase):
                     step.__code__.replace(co_name=f"step_{native}"), step.__globals__,
                     argdefs=step.__defaults__,
                 )
-                with config.patch(tensor_container_nested_guards=native), torch.no_grad():
+                with config.patch(tensor_container_guards=native), torch.no_grad():
                     compiled = torch.compile(step, backend="eager")
                     compiled(opt)
                     compiled(opt)  # the first call filled the state

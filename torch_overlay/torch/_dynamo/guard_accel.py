@@ -30,8 +30,9 @@ changes: Dynamo's per-tensor guards are used, and a missing extension is reporte
 
 API for modules that plan more containers (guard_accel_nested.py): ``Container`` and
 ``TensorRecord`` are what a plan holds; ``TensorContainerPlan.route`` sends a guard's
-TENSOR_MATCH to a container; ``install_container_guard`` and ``install_aliasing_group``
-install a plan's guards with the aliasing group passed in.
+TENSOR_MATCH to a container, ``tensor_record`` makes the record of a TENSOR_MATCH and
+``install`` installs the plan; ``install_container_guard`` and ``install_aliasing_group``
+install one container's guard and the aliasing group.
 """
 
 from __future__ import annotations
@@ -176,9 +177,20 @@ class TensorContainerPlan:
         container = self._by_member.get(guard.name)
         if container is None:
             return False
+        locator, key = container.members[guard.name]
+        container.records.append(self.tensor_record(builder, guard, value, locator, key))
+        if not isinstance(value, torch.nn.Parameter):
+            container.diff_source = True
+        if container.guard is None:
+            container.guard = guard
+        return True
+
+    def tensor_record(
+        self, builder: GuardBuilder, guard: Guard, value: Any, locator: Any, key: Any
+    ) -> TensorRecord:
+        """What the TENSOR_MATCH of guard (on value) checks, as a record at locator/key."""
         from .guards import convert_to_concrete_values
 
-        locator, key = container.members[guard.name]
         output_graph = builder.check_fn_manager.output_graph
         if output_graph is None:
             raise AssertionError("check_fn_manager.output_graph must not be None")
@@ -199,20 +211,20 @@ class TensorContainerPlan:
         attrs = self.extension.MARK_ATTRS
         if any(hasattr(value, a) for a in attrs):
             marks = tuple(getattr(value, a) if hasattr(value, a) else None for a in attrs)
-        container.records.append(
-            TensorRecord(
-                locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard)
-            )
+        return TensorRecord(
+            locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard)
         )
-        if not isinstance(value, torch.nn.Parameter):
-            container.diff_source = True
-        if container.guard is None:
-            container.guard = guard
-        return True
 
     def owns_dict_keys(self, guard: Guard) -> bool:
         """True if a planned container guard checks this dict's keys and their order."""
         return guard.name in self._ordered_dicts
+
+    def install(self, builder: GuardBuilder) -> None:
+        """The container guards and the frame's aliasing group."""
+        group = self.extension.TensorAliasingGroup()
+        for i, container in enumerate(self.containers):
+            install_container_guard(builder, self, container, f"___tensor_container_{i}", group)
+        install_aliasing_group(builder, self, group)
 
 
 def plan_tensor_containers(
@@ -572,10 +584,7 @@ def install_tensor_container_guards(builder: GuardBuilder) -> bool:
     plan = builder.tensor_container_plan
     if plan is None:
         return False
-    group = plan.extension.TensorAliasingGroup()
-    for i, container in enumerate(plan.containers):
-        install_container_guard(builder, plan, container, f"___tensor_container_{i}", group)
-    install_aliasing_group(builder, plan, group)
+    plan.install(builder)
     return True
 
 

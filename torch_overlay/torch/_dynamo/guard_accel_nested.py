@@ -24,9 +24,11 @@ its grad present or None; a state dict's key guards become the check of its
 keys in order.
 
 This module extends the plan of ``guard_accel`` through its public API (a plan
-subclass, ``Container``, ``TensorRecord``, ``install_container_guard`` and
+subclass overriding ``add_tensor`` and ``install``, ``Container``,
+``TensorRecord``, ``tensor_record``, ``install_container_guard`` and
 ``install_aliasing_group``): a grad's guards become an
-optional grad record of its element's record (checked in the same loop; grads
+optional grad record of its element's record (its TENSOR_MATCH recorded by
+``add_tensor`` with ``tensor_record``; checked in the same loop; grads
 join the aliasing group), a dict of dicts becomes a ``dict_nested`` container
 (records located by outer position and inner str key; the inner dicts' str keys
 in order are checked too), and the identity pairs
@@ -95,7 +97,7 @@ class GradPlan:
     expect_none: bool
     guards: list[Guard]  # every guard taken over for this grad
     tensor_guard: Guard | None  # its TENSOR_MATCH, recorded by add_tensor
-    shadow: guard_accel.Container | None  # collects tensor_guard's record
+    record: guard_accel.TensorRecord | None = None  # tensor_guard's, once created
 
 
 class IdentityItem(NamedTuple):
@@ -117,6 +119,8 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
     def __init__(self, extension: Any, containers: list[guard_accel.Container]) -> None:
         super().__init__(extension, containers)
         self._grads: dict[str, GradPlan] = {}  # grad source name -> plan
+        # guard name of a grad's TENSOR_MATCH -> its plan (add_tensor records it there)
+        self._grad_tensor_guards: dict[str, GradPlan] = {}
         self._taken: dict[int, Guard] = {}  # id(guard) -> guard, see takes_guard
         # inner dict TYPE_MATCH and DICT_KEYS_MATCH guards of dict_nested containers:
         # id -> (container, position)
@@ -129,6 +133,14 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
 
     def _take(self, guard: Guard) -> None:
         self._taken[id(guard)] = guard
+
+    def add_tensor(self, builder: GuardBuilder, guard: Guard, value: Any) -> bool:
+        """A grad's TENSOR_MATCH becomes its element's grad record (see prepare)."""
+        grad = self._grad_tensor_guards.get(guard.name)
+        if grad is None:
+            return super().add_tensor(builder, guard, value)
+        grad.record = self.tensor_record(builder, guard, value, *grad.locator)
+        return True
 
     # -- grads ---------------------------------------------------------------
 
@@ -170,16 +182,11 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                         or (config._unsafe_skip_fsdp_module_guards and tensor_guard.is_fsdp_module())
                     ):
                         continue
-            shadow = None
-            if tensor_guard is not None:
-                # add_tensor records the grad's TENSOR_MATCH here; prepare() moves
-                # the record into the element's.
-                shadow = guard_accel.Container(source, name, container.kind, None)
-                shadow.members[tensor_guard.name] = locator
-                self.route(tensor_guard.name, shadow)
-            self._grads[name] = GradPlan(
-                container, locator, value is None, grad_guards, tensor_guard, shadow
+            grad = self._grads[name] = GradPlan(
+                container, locator, value is None, grad_guards, tensor_guard
             )
+            if tensor_guard is not None:
+                self._grad_tensor_guards[tensor_guard.name] = grad
             for g in grad_guards:
                 if g is not tensor_guard:
                     self._take(g)
@@ -326,7 +333,8 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
     def _create_unreplaced(self, builder: GuardBuilder, guards: list[Guard]) -> None:
         """Create taken guards whose replacement is not installed, as Dynamo would."""
         for guard in guards:
-            self.route(guard.name, None)  # a grad's TENSOR_MATCH gets its own node
+            # A grad's TENSOR_MATCH gets its own node.
+            self._grad_tensor_guards.pop(guard.name, None)
             guard.create(builder)
 
     def prepare(self, builder: GuardBuilder) -> None:
@@ -339,15 +347,18 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
         for plan in self._grads.values():
             locator = plan.locator
             container = plan.container
-            shadow = plan.shadow
+            # The record holds the grad until the container guard is built.
+            record, plan.record = plan.record, None
             if locator not in record_locators[id(container)]:
                 fallback += plan.guards  # its element kept its own guards: so does the grad
                 continue
             if plan.expect_none:
                 spec: Any = "none"
-            elif shadow is not None and shadow.records:
-                spec = shadow.records[0]
-                container.diff_source |= shadow.diff_source
+            elif record is not None:
+                spec = record
+                # As add_tensor: a non-Parameter tensor makes the node a diff source.
+                if not isinstance(record.tensor, torch.nn.Parameter):
+                    container.diff_source = True
             elif any(g is not plan.tensor_guard for g in plan.guards):
                 # NOT_NONE_MATCH was taken; a TENSOR_MATCH, if any, was not
                 # created (Dynamo skips it too).
@@ -368,6 +379,23 @@ class NestedTensorContainerPlan(guard_accel.TensorContainerPlan):
                 container.inner_keys.pop(position, None)
         if fallback:
             self._create_unreplaced(builder, fallback)
+
+    def install(self, builder: GuardBuilder) -> None:
+        """guard_accel's container guards and aliasing group, plus grad records,
+        dict_nested containers and the identity pairs."""
+        self.prepare(builder)
+        group = self.extension.TensorAliasingGroup()
+        nested = [c for c in self.containers if isinstance(c, NestedContainer)]
+        flat = [c for c in self.containers if not isinstance(c, NestedContainer)]
+        for i, container in enumerate(nested):
+            var = f"___tensor_container_nested_{i}"
+            guard_accel.install_container_guard(builder, self, container, var, group)
+        for i, container in enumerate(flat):
+            var = f"___tensor_container_{i}"
+            guard_accel.install_container_guard(builder, self, container, var, group)
+        # Grads are in group too: it counts them when deciding whether it is needed.
+        guard_accel.install_aliasing_group(builder, self, group)
+        self.install_identity(builder)
 
     def install_identity(self, builder: GuardBuilder) -> None:
         if not self.identity_pairs:
@@ -598,43 +626,16 @@ def plan_tensor_containers(
     if tensor_guards < min_size:
         return base
     ext = guard_accel.extension()
-    if (
-        ext is None
-        or not config.tensor_container_nested_guards
-        or not hasattr(ext, "make_object_identity_guard")
-    ):
-        # An extension without this module's guards: guard_accel's plan only.
-        return NestedTensorContainerPlan(ext, base.containers) if base is not None else None
+    if ext is None:
+        return None
     containers: list[guard_accel.Container] = list(base.containers) if base is not None else []
     taken = {m for c in containers for m in c.members}
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = NestedTensorContainerPlan(ext, containers)
-    if getattr(ext, "IDENTITY_RECORDS", False):
-        plan.plan_identity_records(builder, guards, min_size)
+    plan.plan_identity_records(builder, guards, min_size)
     plan.plan_grads(builder, guards)
     plan.note_inner_type_guards(builder, guards)
     plan.plan_identity(builder, guards, min_size)
     if not plan.containers and not plan.identity_pairs:
         return None
     return plan
-
-
-def install_tensor_container_guards(builder: GuardBuilder) -> bool:
-    """guard_accel.install_tensor_container_guards, plus grads and identity pairs."""
-    plan = builder.tensor_container_plan
-    if not isinstance(plan, NestedTensorContainerPlan):
-        return guard_accel.install_tensor_container_guards(builder)
-    plan.prepare(builder)
-    group = plan.extension.TensorAliasingGroup()
-    nested = [c for c in plan.containers if isinstance(c, NestedContainer)]
-    flat = [c for c in plan.containers if not isinstance(c, NestedContainer)]
-    for i, container in enumerate(nested):
-        var = f"___tensor_container_nested_{i}"
-        guard_accel.install_container_guard(builder, plan, container, var, group)
-    for i, container in enumerate(flat):
-        var = f"___tensor_container_{i}"
-        guard_accel.install_container_guard(builder, plan, container, var, group)
-    # Grads are in group too: it counts them when deciding whether it is needed.
-    guard_accel.install_aliasing_group(builder, plan, group)
-    plan.install_identity(builder)
-    return True
