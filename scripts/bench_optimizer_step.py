@@ -113,10 +113,9 @@ def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
         else:
             from torch._dynamo.backends.debugging import eager
 
-            # What backend="eager" runs: gm.forward, or (custom wheel, patch 0025) a
-            # copy's forward with the tensor attributes bound as arguments.
-            compiled = eager(gm, example_inputs)
-        # The module whose forward runs, for the get_attr timing.
+            compiled = eager(gm, example_inputs)  # what backend="eager" runs: gm.forward
+        # The module whose forward runs, for the get_attr timing (older custom wheels'
+        # eager backend returned a bound forward of a copy).
         run_module = getattr(getattr(compiled, "func", compiled), "__self__", gm)
 
         def run(*args: Any) -> Any:

@@ -709,11 +709,15 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
         # a recompile makes depends on the rest of the series (a tensorify restart).
         with torch._dynamo.config.patch(scalar_state=False):
             self.run_schedule("aot_eager", "cosine", steps=4)
-        (step,) = [code for code in guard_failures if code is torch.optim.Adam.step.__wrapped__.__code__]
-        reasons = guard_failures[step]
-        self.assertEqual([int(re.match(r"\d+/(\d+): ", r).group(1)) for r in reasons], [0, 1, 0, 2, 1, 0])
-        for reason in reasons:
-            self.assertIn("self.param_groups[0]['lr']", reason.splitlines()[0])
+        # Which code objects recompile depends on graph breaks earlier tests can change
+        # (warnings emitted once per process): check every one that did, and that one did.
+        self.assertNotEqual(dict(guard_failures), {})
+        for code, reasons in guard_failures.items():
+            # Calls 2, 3 and 4 each fail every cache entry, newest first.
+            entries = [int(re.match(r"\d+/(\d+): ", r).group(1)) for r in reasons]
+            self.assertEqual(entries, [0, 1, 0, 2, 1, 0], msg=code.co_name)
+            for reason in reasons:
+                self.assertIn("param_groups[0]['lr']", reason.splitlines()[0], msg=code.co_name)
 
 
 # Floats a frame stores to and also uses in a way the float64 tensor form cannot trace

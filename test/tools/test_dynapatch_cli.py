@@ -459,11 +459,11 @@ class LintTest(ProjectCopyTestCase):
         proc = self.dynapatch("lint")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("csrc/ formatted", proc.stdout)
-        header = self.project / "csrc/tensor_container_guard.h"
+        header = self.project / "csrc/tensor_aliasing_group.h"
         header.write_text(header.read_text() + "\nnamespace  dynapatch_lint_test { int  x; }\n")
         proc = self.dynapatch("lint")
-        self.assertFailsWith(proc, 1, "csrc/tensor_container_guard.h not formatted as .clang-format says")
-        self.assertRegex(proc.stdout, r"csrc/tensor_container_guard.h: [1-9]\d* places differ")
+        self.assertFailsWith(proc, 1, "csrc/tensor_aliasing_group.h not formatted as .clang-format says")
+        self.assertRegex(proc.stdout, r"csrc/tensor_aliasing_group.h: [1-9]\d* places differ")
         self.assertIn("csrc/guard_accel.cpp: clean", proc.stdout)
 
     def test_ruff_finding_fails(self):
@@ -498,9 +498,14 @@ class StatsTest(ProjectCopyTestCase):
                                      cwd=self.tmp, check=True).stdout.split()
             added, removed = sum(map(int, numstat[0::3])), sum(map(int, numstat[1::3]))
             self.assertEqual(rows[patch.name[:4]][1], f"+{added}/-{removed}", patch.name)
-        native = sum(len(p.read_text().splitlines()) for p in (self.project / "csrc").iterdir())
-        owner = next(row for row in rows.values() if row[0] == "native-container-guard")
-        self.assertEqual(owner[3], str(native))  # native-container-guard owns every csrc/ file
+        # Each patch's native lines are those of the csrc/ files its Native-File trailers name.
+        owners = {p.name[:4]: [line.split(": ", 1)[1] for line in p.read_text().splitlines()
+                               if line.startswith("Native-File: ")] for p in patches}
+        self.assertEqual(sorted(f for files in owners.values() for f in files),
+                         sorted(f"csrc/{p.name}" for p in (self.project / "csrc").iterdir()))
+        for number, files in owners.items():
+            native = sum(len((self.project / f).read_text().splitlines()) for f in files)
+            self.assertEqual(rows[number][3], str(native), number)
         overlay = [line.split(": ", 1)[1] for line in patches[2].read_text().splitlines()
                    if line.startswith("Overlay-File: ")]
         self.assertEqual(rows["0003"][2], str(sum(len((self.project / "torch_overlay" / rel).read_text()

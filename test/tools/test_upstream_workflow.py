@@ -373,8 +373,8 @@ class NativeOwnershipTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "native sources no patch owns", "csrc/extra_guard.cpp")
 
     def test_missing_source_is_refused(self):
-        (self.project / "csrc/tensor_container_guard.h").unlink()
-        self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_container_guard.h")
+        (self.project / "csrc/tensor_aliasing_group.h").unlink()
+        self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_aliasing_group.h")
 
     def test_source_claimed_twice_or_outside_csrc(self):
         later = self.native_patch("0015")
@@ -452,9 +452,13 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0011"])
         self.assertIn("LeafGuard subclass", mbox["0011"])
         self.assertIn("GuardDebugInfo", mbox["0011"])
+        # 0015 carries only the guard class it introduces.
+        self.assertIn("diff --git a/torch/csrc/dynamo/object_identity_guard.cpp", mbox["0015"])
+        self.assertNotIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0015"])
+        self.assertNotIn("object_identity_guard", mbox["0011"])
         for number, text in mbox.items():
             self.assertNotIn("Patch-Name:", text.split("\n---\n", 1)[0], number)
-            self.assertNotIn("csrc/dynamo/", text if number != "0011" else "", number)
+            self.assertNotIn("csrc/dynamo/", text if number not in ("0011", "0015") else "", number)
 
 
 class StackTestTest(ProjectCopyTestCase):

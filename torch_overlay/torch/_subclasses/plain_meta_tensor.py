@@ -71,16 +71,10 @@ def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context:
     if symbolic_context.view_base_context is not None:
         return False
 
-<<<<<<< HEAD
-    return (
-        not shape_env._translation_validation_enabled
-        and _is_all_static(shape_env, symbolic_context, t.dim())
-=======
     # Only where ShapeEnv's static fast path (static-fake-sizes-fast-path) hands the
     # ints back: elsewhere the general path goes through sympy and may record events.
     return not shape_env._translation_validation_enabled and _is_all_static(
         shape_env, symbolic_context, t.dim()
->>>>>>> recut-perf-b
     )
 
 
