@@ -1,13 +1,15 @@
 """Guard cost of nn.Module hook registrations in a compiled frame.
 
-config.hook_residuals (patch 0013, module-hook-residuals).
+Patches tensor-hook-residuals (registration by residual bytecode) and
+module-hook-registration-stale-results (the length guards).
 
 Run with the patched interpreter: .venv/bin/python scripts/bench_module_hooks.py
 A frame that registers a forward (pre-)hook on a module and calls it guards the
-length of the hook dicts it registers into (variables/module_hooks.py). This
-times the frame's RootGuardManager.check(frame locals) with those guards and
-with them left out (module_hooks._guard_hook_dicts patched to a no-op), and the
-whole compiled call, medians over repeats.
+length of the hook dicts it registers into
+(UnspecializedNNModuleVariable.note_hook_registration). This times the frame's
+RootGuardManager.check(frame locals) with those guards and with them left out
+(note_hook_registration patched to a no-op), and the whole compiled call,
+medians over repeats.
 """
 
 import statistics
@@ -18,7 +20,7 @@ from unittest import mock
 import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-from torch._dynamo.variables import module_hooks
+from torch._dynamo.variables.nn_module import UnspecializedNNModuleVariable
 
 
 def add_one(mod, args, out):
@@ -53,8 +55,14 @@ def median_us(fn, n, repeats=15):
 def measure(narrow_guards):
     torch._dynamo.reset()
     m, x = Holder(), torch.randn(4, 8)
-    guard = module_hooks._guard_hook_dicts if narrow_guards else lambda *a: None
-    with mock.patch.object(module_hooks, "_guard_hook_dicts", guard):
+    guard = (
+        UnspecializedNNModuleVariable.note_hook_registration
+        if narrow_guards
+        else lambda *a: None
+    )
+    with mock.patch.object(
+        UnspecializedNNModuleVariable, "note_hook_registration", guard
+    ):
         compiled = torch.compile(frame, backend="eager")
         compiled(m, x)
     entries = _debug_get_cache_entry_list(frame.__code__)

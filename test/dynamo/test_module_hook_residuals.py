@@ -292,30 +292,6 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual((got_frames, got_breaks), (frames, breaks))
         self.assertEqual(dict(counters["unimplemented"]), {})
 
-    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
-    def test_empty_dict_attribute_recursive_dict_tags(self):
-        # The same gap without any hook: a module iterating an empty dict
-        # attribute kept the code traced for the empty dict after an insert.
-        class Cache(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lin = torch.nn.Linear(3, 3)
-                self.extra = {}
-
-            def forward(self, x):
-                y = self.lin(x)
-                for key in self.extra:
-                    y = y + self.extra[key]
-                return y
-
-        cnt = CompileCounter()
-        m, x = Cache(), torch.randn(2, 3)
-        compiled = torch.compile(m, backend=cnt)
-        self.assertEqual(compiled(x), m(x))
-        m.extra["a"] = 1.0
-        self.assertEqual(compiled(x), m(x))
-        self.assertEqual(cnt.frame_count, 2)
-
     def test_handle_is_real(self):
         # The handle is the one register_forward_hook returned at runtime.
         cnt = CompileCounter()
@@ -368,18 +344,6 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(
             length_guards, {"_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"}
         )
-
-    def test_later_call_recompiles_with_hooks(self):
-        # Dynamo skips the guard on an empty module hook dict: a frame
-        # that added a hook and calls the module must not keep running the code
-        # traced without it.
-        cnt = CompileCounter()
-        m, x = Holder(), torch.randn(2, 3)
-        compiled = torch.compile(called_before_registration, backend=cnt)
-        first = compiled(m, x)
-        second = compiled(m, x)
-        self.assertEqual(first + 1, second)
-        self.assertEqual(cnt.frame_count, 2)
 
     def test_recompile_reason_names_the_hook_dict(self):
         failures = []

@@ -1,0 +1,94 @@
+# Owner(s): ["module: dynamo"]
+"""A compiled frame that calls a module and registers a hook on it: the code
+traced for the call must not keep running once the module has the hook."""
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.testing import CompileCounter
+
+
+def add_one(mod, args, out):
+    return out + 1
+
+
+class Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 3)
+        self.handles = []
+
+
+def double_input(mod, args):
+    return (args[0] * 2,)
+
+
+def called_before_pre_hook_registration(m, x):
+    y = m.lin(x)
+    m.handles.append(m.lin.register_forward_pre_hook(double_input))
+    return y
+
+
+def called_before_registration(m, x):
+    y = m.lin(x)
+    m.handles.append(m.lin.register_forward_hook(add_one))
+    return y
+
+
+class ModuleHookRegistrationGuardTests(torch._dynamo.test_case.TestCase):
+    """A frame that calls a module and registers a hook on it: the code traced
+    for the call must not keep running once the module has the hook
+    (module-hook-registration-stale-results)."""
+
+    def test_later_call_recompiles_with_hooks(self):
+        # Dynamo skips the guard on an empty module hook dict: a frame
+        # that added a hook and calls the module must not keep running the code
+        # traced without it.
+        cnt = CompileCounter()
+        m, x = Holder(), torch.randn(2, 3)
+        compiled = torch.compile(called_before_registration, backend=cnt)
+        first = compiled(m, x)
+        second = compiled(m, x)
+        self.assertEqual(first + 1, second)
+        self.assertEqual(cnt.frame_count, 2)
+
+    def test_pre_hook_registered_after_call_matches_eager(self):
+        # Three calls: each adds one more pre-hook, which the next call runs
+        # (the input doubled once per hook), and recompiles for it.
+        cnt = CompileCounter()
+        m, ref, x = Holder(), Holder(), torch.randn(2, 3)
+        compiled = torch.compile(called_before_pre_hook_registration, backend=cnt)
+        for _ in range(3):
+            self.assertEqual(compiled(m, x), called_before_pre_hook_registration(ref, x))
+            self.assertEqual(len(m.lin._forward_pre_hooks), len(ref.lin._forward_pre_hooks))
+        self.assertEqual(cnt.frame_count, 3)
+
+    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
+    def test_empty_dict_attribute_recursive_dict_tags(self):
+        # The same gap without any hook: a module iterating an empty dict
+        # attribute kept the code traced for the empty dict after an insert.
+        class Cache(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(3, 3)
+                self.extra = {}
+
+            def forward(self, x):
+                y = self.lin(x)
+                for key in self.extra:
+                    y = y + self.extra[key]
+                return y
+
+        cnt = CompileCounter()
+        m, x = Cache(), torch.randn(2, 3)
+        compiled = torch.compile(m, backend=cnt)
+        self.assertEqual(compiled(x), m(x))
+        m.extra["a"] = 1.0
+        self.assertEqual(compiled(x), m(x))
+        self.assertEqual(cnt.frame_count, 2)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
