@@ -4,7 +4,7 @@ Patches tensor-hook-residuals (registration by residual bytecode) and
 module-hook-registration-stale-results (the length guards).
 
 Run with the patched interpreter: .venv/bin/python scripts/bench_module_hooks.py
-A frame that registers a forward (pre-)hook on a module and calls it guards the
+A frame that calls a module and registers a forward (pre-)hook on it guards the
 length of the hook dicts it registers into
 (UnspecializedNNModuleVariable.note_hook_registration). This times the frame's
 RootGuardManager.check(frame locals) with those guards and with them left out
@@ -28,8 +28,10 @@ def add_one(mod, args, out):
 
 
 def frame(m, x):
-    h = m.lin.register_forward_hook(add_one)
+    # Calls the module, then registers (and removes) a hook on it: the call's
+    # code must be guarded on the hook dicts' real lengths.
     y = m.lin(x)
+    h = m.lin.register_forward_hook(add_one)
     h.remove()
     return y
 
