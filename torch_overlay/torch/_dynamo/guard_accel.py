@@ -1,45 +1,58 @@
-"""One native guard for each large list, tuple or dict of tensors.
+"""One native guard for each large container of tensors, and the frame's no-aliasing check.
 
-Without this module, Dynamo gives every tensor of a container its own node in the
-guard tree: an accessor (``xs[i]``), a TENSOR_MATCH leaf, a
+Without this module, Dynamo gives every tensor of a list, tuple or dict its own node
+in the guard tree: an accessor (``xs[i]``), a TENSOR_MATCH leaf, a
 DIMENSION_DYNAMIC_MARKING_GUARD leaf and a share of the relational
-NO_TENSOR_ALIASING guard. A container of 1,000 tensors costs about 100 us per guard
-check and 10,000 tensors several ms, on every call.
+NO_TENSOR_ALIASING guard. An optimizer-like object adds, per parameter, the guards on
+its ``.grad``, its state dict of dicts (TYPE_MATCH and DICT_KEYS_MATCH per inner
+dict, TENSOR_MATCH per buffer) and a Python ``is`` lambda per ``params[i] is
+list(dict.keys(state))[i]`` pair (DUPLICATE_INPUT); ``torch.optim``'s own step
+guards its params and state by ID_MATCH. All of it is O(N) nodes and O(N) work on
+every call.
 
-For containers of at least ``config.tensor_container_guard_min_size`` tensors, this
-module replaces those nodes with one ``TensorContainerGuard`` leaf on the container's
-node (``torch._dynamo._guard_accel``, C++): it keeps what TENSOR_MATCH and the
-dimension-marking guard check about each tensor as flat records and compares a whole
-container in one loop. All tensors of the frame that would be under the no-aliasing
-guard are then checked by one ``TensorAliasingGroup`` instead, run as an epilogue
-guard: a pointer compare when nothing changed, a hash set otherwise.
+``plan_tensor_containers`` makes one ``TensorContainerPlan`` before any guard is
+created, in one pass over the sorted guards:
 
-The guard builder calls in at four points (guards.py):
+* containers of at least ``config.tensor_container_guard_min_size`` tensors: lists,
+  tuples, dicts looked up by key or iterated in key order, and dicts of dicts of
+  tensors (``dict_nested``: records at outer position and inner str key, the inner
+  dicts' types and str keys in order checked too);
+* identity records for the ID_MATCH'd tensors of such containers (sizes and strides
+  None: the element must be the recorded object, plus its .grad presence);
+* grad records: the guards on a planned element's ``.grad`` (None, present, or a
+  record checked like TENSOR_MATCH) go into the element's record;
+* identity pairs: DUPLICATE_INPUT pairs between list/tuple items and dict keys by
+  position.
 
-* ``CheckFunctionManager.build_guards``: ``plan_tensor_containers`` picks the
-  containers before any guard is created;
-* ``GuardBuilder.TENSOR_MATCH``: a tensor of a planned container is recorded by
+``TensorContainerPlan.install`` then adds one ``TensorContainerGuard`` leaf per
+container, one ``TensorAliasingGroup`` epilogue for every tensor that would be under
+the no-aliasing guard (a pointer compare when nothing changed, a hash set otherwise)
+and one ``ObjectIdentityGuard`` for the identity pairs (``torch._dynamo._guard_accel``,
+C++). A guard is only dropped from the tree when its replacement is installed: a
+taken guard whose element ended up without a record is created as usual.
+
+The guard builder calls in at five points (guards.py):
+
+* ``CheckFunctionManager.build_guards``: ``plan_tensor_containers`` before the guards
+  are created, and ``TensorContainerPlan.takes_guard`` for each guard;
+* ``GuardBuilder.TENSOR_MATCH``: a planned tensor is recorded by
   ``TensorContainerPlan.add_tensor`` instead of getting its own node;
 * ``GuardBuilder.DICT_KEYS_MATCH``: the key-order guards of a planned dict are left
   to its container guard (``TensorContainerPlan.owns_dict_keys``);
-* ``compile_check_fn``: ``install_tensor_container_guards`` adds the guards; the
-  nodes they go on are never tag safe (``add_native_guard``).
+* ``compile_check_fn``: ``install_tensor_container_guards`` installs the plan; the
+  nodes its guards go on are never tag safe (``add_native_guard``).
 
 Without the extension (or with ``config.tensor_container_guards = False``) nothing
 changes: Dynamo's per-tensor guards are used, and a missing extension is reported once.
-
-API for modules that plan more containers (guard_accel_nested.py): ``Container`` and
-``TensorRecord`` are what a plan holds; ``TensorContainerPlan.route`` sends a guard's
-TENSOR_MATCH to a container, ``tensor_record`` makes the record of a TENSOR_MATCH and
-``install`` installs the plan; ``install_container_guard`` and ``install_aliasing_group``
-install one container's guard and the aliasing group.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib
 import logging
+import re
 import warnings
 from typing import Any, NamedTuple, TYPE_CHECKING
 
@@ -55,6 +68,7 @@ from .source import (
     DictSubclassGetItemSource,
     GetItemSource,
     GlobalSource,
+    GradSource,
     is_from_unspecialized_builtin_nn_module_source,
     ListGetItemSource,
     LocalSource,
@@ -117,72 +131,128 @@ class TensorRecord(NamedTuple):
 
 @dataclasses.dataclass
 class Container:
-    """A list, tuple or dict whose tensors one TensorContainerGuard checks."""
+    """A list, tuple, dict or dict of dicts whose tensors one TensorContainerGuard checks."""
 
     source: Source
     name: str
-    kind: str  # "list", "tuple", "dict_lookup" or "dict_ordered"
+    kind: str  # "list", "tuple", "dict_lookup", "dict_ordered" or "dict_nested"
     value: Any
-    # guard name -> (locator, dict key); locator is the list index or dict position
+    # guard name -> (locator, key), as in the record: the list index or dict
+    # position and the dict key (dict_nested: outer position and inner str key)
     members: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     locators: set[Any] = dataclasses.field(default_factory=set)
     records: list[TensorRecord] = dataclasses.field(default_factory=list)
-    guard: Guard | None = None  # the first TENSOR_MATCH recorded (user stack, export info)
+    guard: Guard | None = None  # the first guard recorded (user stack, export info)
     diff_source: bool = False  # has a non-Parameter tensor (see TENSOR_MATCH)
     on_second_node: bool = False  # a tuple whose own node may be skipped (_plan_tuple)
+    # dict_nested: inner dict source name -> its position in the outer dict
+    inner_sources: dict[str, int] = dataclasses.field(default_factory=dict)
+    # dict_nested: outer position -> the inner dict's str keys in order, checked
+    inner_keys: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def guard_arguments(self) -> tuple[type, Any]:
         """(dict_type, ordered_keys) for make_tensor_container_guard."""
+        if self.kind == "dict_nested":
+            return dict, (dict(self.inner_keys) or None)
         if self.kind == "dict_ordered":
             return type(self.value), list(builtin_dict_keys(self.value))
         return type(self.value), None
 
     def sorted_records(self) -> list[TensorRecord]:
+        if self.kind == "dict_nested":
+            return sorted(self.records, key=lambda r: (r.locator, r.key))
         return sorted(self.records, key=lambda r: r.locator)
+
+    def add_record(self, record: TensorRecord, guard: Guard) -> None:
+        self.records.append(record)
+        if not isinstance(record.tensor, torch.nn.Parameter):
+            self.diff_source = True
+        if self.guard is None:
+            self.guard = guard
 
     def node(self, builder: GuardBuilder) -> Any:
         """The guard manager the container guard goes on."""
-        if self.kind == "dict_ordered" or self.on_second_node:
+        # A DictGuardManager takes ID_MATCH leaves only: a plain node for the dict.
+        if self.kind in ("dict_ordered", "dict_nested") or self.on_second_node:
             return second_node(builder, self)
         return builder.get_guard_manager_from_source(self.source)
 
 
+@dataclasses.dataclass
+class GradPlan:
+    """The guards on one container element's .grad that its record takes over."""
+
+    container: Container
+    locator: tuple[Any, Any]  # the element's (locator, key), as in its record
+    expect_none: bool
+    guards: list[Guard]  # every guard taken over for this grad
+    tensor_guard: Guard | None  # its TENSOR_MATCH, recorded by add_tensor
+    record: TensorRecord | None = None  # tensor_guard's, once created
+
+
+class IdentityItem(NamedTuple):
+    """A list/tuple item or a dict key by position, reached from a frame local."""
+
+    local: Source  # a LocalSource
+    steps: tuple[tuple[bool, Any], ...]  # (is_attr, name or key) from the local
+    keys: bool  # the item is list(dict.keys(d))[index]
+    index: int
+
+
+class IdentityPair(NamedTuple):
+    guard: Guard  # the DUPLICATE_INPUT guard replaced
+    a: IdentityItem
+    b: IdentityItem
+
+
 class TensorContainerPlan:
-    """The containers of one frame whose tensors get a TensorContainerGuard."""
+    """What the native guards of one frame check, and which guards they replace."""
 
     def __init__(self, extension: Any, containers: list[Container]) -> None:
         self.extension = extension
         self.containers = containers
-        self._by_member = {
-            member: c for c in containers for member in c.members
-        }
-        self._ordered_dicts = {
-            c.name for c in containers if c.kind == "dict_ordered"
-        }
+        # guard name of a planned TENSOR_MATCH or ID_MATCH -> its container
+        self._by_member = {member: c for c in containers for member in c.members}
+        self._ordered_dicts = {c.name for c in containers if c.kind == "dict_ordered"}
+        self._grads: dict[str, GradPlan] = {}  # grad source name -> plan
+        # guard name of a grad's TENSOR_MATCH -> its plan (add_tensor records it there)
+        self._grad_tensor_guards: dict[str, GradPlan] = {}
+        self._taken: dict[int, Guard] = {}  # id(guard) -> guard, see takes_guard
+        # inner dict TYPE_MATCH, DICT_KEYS_MATCH and key EQUALS_MATCH guards of
+        # dict_nested containers: id -> (container, position)
+        self._inner_types: dict[int, tuple[Container, int]] = {}
+        self.identity_pairs: list[IdentityPair] = []
         self.closure_vars: dict[str, Any] = {}
 
+    # -- what guards.py asks while the guards are built -----------------------
+
+    def takes_guard(self, guard: Guard) -> bool:
+        """True: the guard is checked by a native guard; do not create it."""
+        return id(guard) in self._taken
+
+    def _take(self, guard: Guard) -> None:
+        self._taken[id(guard)] = guard
+
     def container_of(self, guard_name: str) -> Container | None:
-        """The planned container whose record the TENSOR_MATCH of guard_name becomes."""
+        """The planned container holding the element guard_name guards."""
         return self._by_member.get(guard_name)
 
-    def route(self, guard_name: str, container: Container | None) -> None:
-        """Record the TENSOR_MATCH of guard_name in container (None: build it as usual)."""
-        if container is None:
-            self._by_member.pop(guard_name, None)
-        else:
-            self._by_member[guard_name] = container
+    def owns_dict_keys(self, guard: Guard) -> bool:
+        """True if a planned container guard checks this dict's keys and their order."""
+        return guard.name in self._ordered_dicts
 
     def add_tensor(self, builder: GuardBuilder, guard: Guard, value: Any) -> bool:
-        """Record a TENSOR_MATCH of a planned container; False: build it as usual."""
+        """Record a planned TENSOR_MATCH (a container element or an element's grad);
+        False: build it as usual."""
+        grad = self._grad_tensor_guards.get(guard.name)
+        if grad is not None:
+            grad.record = self.tensor_record(builder, guard, value, *grad.locator)
+            return True
         container = self._by_member.get(guard.name)
         if container is None:
             return False
         locator, key = container.members[guard.name]
-        container.records.append(self.tensor_record(builder, guard, value, locator, key))
-        if not isinstance(value, torch.nn.Parameter):
-            container.diff_source = True
-        if container.guard is None:
-            container.guard = guard
+        container.add_record(self.tensor_record(builder, guard, value, locator, key), guard)
         return True
 
     def tensor_record(
@@ -215,44 +285,411 @@ class TensorContainerPlan:
             locator, key, value, sizes, strides, marks, aliasing, builder.arg_ref(guard)
         )
 
-    def owns_dict_keys(self, guard: Guard) -> bool:
-        """True if a planned container guard checks this dict's keys and their order."""
-        return guard.name in self._ordered_dicts
+    # -- planning (plan_tensor_containers), after the containers -------------
+
+    def plan_grads(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        by_grad: dict[str, list[Guard]] = {}
+        for guard in guards:
+            source = guard.originating_source
+            if (
+                istype(source, GradSource)
+                and source.member == "grad"
+                and self.container_of(source.base.name) is not None
+            ):
+                by_grad.setdefault(source.name, []).append(guard)
+        output_graph = builder.check_fn_manager.output_graph
+        from .guards import match_on_id_for_tensor
+
+        for name, grad_guards in by_grad.items():
+            source = grad_guards[0].originating_source
+            container = self.container_of(source.base.name)
+            assert container is not None
+            locator = container.members[source.base.name]  # (locator, key), as in records
+            kinds = {g.create_fn_name() for g in grad_guards}
+            value = builder.get(source)
+            tensor_guard = None
+            if value is None:
+                if not kinds <= {"CONSTANT_MATCH", "NONE_MATCH"}:
+                    continue
+            else:
+                if not kinds <= {"NOT_NONE_MATCH", "TENSOR_MATCH"}:
+                    continue
+                if "TENSOR_MATCH" in kinds:
+                    tensor_guard = next(
+                        g for g in grad_guards if g.create_fn_name() == "TENSOR_MATCH"
+                    )
+                    if (
+                        match_on_id_for_tensor(tensor_guard)
+                        or source not in output_graph.input_source_to_sizes_strides
+                        or not supported_tensor(value)
+                        or (config._unsafe_skip_fsdp_module_guards and tensor_guard.is_fsdp_module())
+                    ):
+                        continue
+            grad = self._grads[name] = GradPlan(
+                container, locator, value is None, grad_guards, tensor_guard
+            )
+            if tensor_guard is not None:
+                self._grad_tensor_guards[tensor_guard.name] = grad
+            for g in grad_guards:
+                if g is not tensor_guard:
+                    self._take(g)
+
+    # -- nested dicts --------------------------------------------------------
+
+    def note_inner_type_guards(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        """The type, and the keys in order, of the dicts holding a dict_nested
+        container's tensors are checked by its guard."""
+        inner: dict[str, tuple[Container, int]] = {}
+        for container in self.containers:
+            if container.kind == "dict_nested":
+                for source_name, position in container.inner_sources.items():
+                    inner[source_name] = (container, position)
+        for guard in guards:
+            if guard.name not in inner:
+                continue
+            kind = guard.create_fn_name()
+            if kind == "DICT_KEYS_MATCH":
+                keys = tuple(builtin_dict_keys(builder.get(guard.originating_source)))
+                if not all(type(k) is str for k in keys):
+                    continue
+                container, position = inner[guard.name]
+                container.inner_keys[position] = keys
+            elif kind != "TYPE_MATCH":
+                continue
+            self._inner_types[id(guard)] = inner[guard.name]
+            self._take(guard)
+        # A guard on every key by position (torch.optim's state, reached through
+        # DictGuardManagers) is what the check of the keys in order does.
+        for name, (inner_source, by_index) in _inner_key_guards(guards).items():
+            if name not in inner or not _all_keys_guarded(builder, inner_source, by_index):
+                continue
+            container, position = inner[name]
+            keys = tuple(builtin_dict_keys(builder.get(inner_source)))
+            if container.inner_keys.setdefault(position, keys) != keys:
+                continue
+            for guard in by_index.values():
+                self._inner_types[id(guard)] = (container, position)
+                self._take(guard)
+
+    # -- ID_MATCH'd tensors -------------------------------------------------
+
+    def plan_identity_records(
+        self, builder: GuardBuilder, guards: list[Guard], min_size: int
+    ) -> None:
+        """Identity records for the ID_MATCH'd tensors of lists and dicts of dicts.
+
+        Their records are made here (an ID_MATCH needs nothing from the guard's
+        creation); the ID_MATCH guards are taken.
+        """
+        tensor_matched = {g.name for g in guards if g.create_fn_name() == "TENSOR_MATCH"}
+        existing = {(c.name, c.kind): c for c in self.containers}
+        planned: dict[tuple[str, str], Container] = {}
+        # (container name, kind) -> (guard, tensor, (locator, key), inner dict source, by position)
+        found: dict[tuple[str, str], list[tuple[Guard, Any, tuple[int, Any], Source | None, bool]]] = {}
+        for guard in guards:
+            if guard.create_fn_name() != "ID_MATCH" or guard.name in tensor_matched:
+                continue
+            value = builder.get(guard.originating_source)
+            if type(value) not in TENSOR_TYPES:
+                continue
+            located = _locate_identity(builder, guard.originating_source)
+            if located is None:
+                continue
+            base, kind, locator, key, inner, by_position = located
+            found.setdefault((base.name, kind), []).append(
+                (guard, value, (locator, key), inner, by_position)
+            )
+            if (base.name, kind) not in planned:
+                container = existing.get((base.name, kind))
+                if container is None:
+                    container = Container(base, base.name, kind, builder.get(base))
+                planned[(base.name, kind)] = container
+        for where, items in found.items():
+            container = planned[where]
+            if where not in existing and len(items) < min_size:
+                continue
+            for guard, value, locator, inner, by_position in items:
+                # Lists locate by index, dicts of dicts by (position, inner key).
+                slot = locator if inner is not None else locator[0]
+                if slot in container.locators:
+                    continue  # a second source for one element keeps its own guard
+                if by_position:
+                    keys = tuple(builtin_dict_keys(builder.get(inner)))
+                    if container.inner_keys.setdefault(locator[0], keys) != keys:
+                        continue
+                container.locators.add(slot)
+                container.members[guard.name] = locator
+                self._by_member[guard.name] = container
+                if inner is not None:
+                    container.inner_sources[inner.name] = locator[0]
+                # What ID_MATCH does besides its check: the guard dies with the object.
+                builder.id_ref(value, guard.name)
+                container.add_record(
+                    TensorRecord(
+                        locator[0], locator[1], value, None, None, None, False, builder.arg_ref(guard)
+                    ),
+                    guard,
+                )
+                self._take(guard)
+            if where not in existing and container.records:
+                self.containers.append(container)
+
+    # -- identity pairs (DUPLICATE_INPUT) -------------------------------------
+
+    def plan_identity(self, builder: GuardBuilder, guards: list[Guard], min_size: int) -> None:
+        from .guards import is_from_optimizer_source, is_from_skip_guard_source
+
+        seen: set[frozenset[str]] = set()
+        pairs: list[IdentityPair] = []
+        for guard in guards:
+            if guard.create_fn_name() != "DUPLICATE_INPUT":
+                continue
+            source_b = getattr(guard.create_fn, "keywords", {}).get("source_b")
+            source_a = guard.originating_source
+            if source_b is None or any(
+                is_from_skip_guard_source(s) or is_from_optimizer_source(s)
+                for s in (source_a, source_b)
+            ):
+                continue  # DUPLICATE_INPUT installs nothing for these either
+            item_a = _identity_item(builder, source_a)
+            item_b = _identity_item(builder, source_b)
+            if item_a is None or item_b is None:
+                continue
+            key = frozenset((source_a.name, source_b.name))
+            if key in seen:
+                self._take(guard)  # DUPLICATE_INPUT skips a repeated pair as well
+                continue
+            seen.add(key)
+            pairs.append(IdentityPair(guard, item_a, item_b))
+        if len(pairs) < min_size:
+            return
+        for pair in pairs:
+            self._take(pair.guard)
+        self.identity_pairs = pairs
+
+    # -- install -------------------------------------------------------------
+
+    def _create_unreplaced(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        """Create taken guards whose replacement is not installed, as Dynamo would."""
+        for guard in guards:
+            # A grad's TENSOR_MATCH gets its own node.
+            self._grad_tensor_guards.pop(guard.name, None)
+            guard.create(builder)
+
+    def _prepare(self, builder: GuardBuilder) -> None:
+        """Attach grad records; create taken guards that found no record as usual."""
+        fallback: list[Guard] = []
+        record_locators = {
+            id(c): {(r.locator, r.key) for r in c.records} for c in self.containers
+        }
+        grad_specs: dict[int, dict[Any, Any]] = {}
+        for plan in self._grads.values():
+            locator = plan.locator
+            container = plan.container
+            # The record holds the grad until the container guard is built.
+            record, plan.record = plan.record, None
+            if locator not in record_locators[id(container)]:
+                fallback += plan.guards  # its element kept its own guards: so does the grad
+                continue
+            if plan.expect_none:
+                spec: Any = "none"
+            elif record is not None:
+                spec = record
+                # As add_tensor: a non-Parameter tensor makes the node a diff source.
+                if not isinstance(record.tensor, torch.nn.Parameter):
+                    container.diff_source = True
+            elif any(g is not plan.tensor_guard for g in plan.guards):
+                # NOT_NONE_MATCH was taken; a TENSOR_MATCH, if any, was not
+                # created (Dynamo skips it too).
+                spec = "present"
+            else:
+                spec = None
+            grad_specs.setdefault(id(container), {})[locator] = spec
+        for container in self.containers:
+            specs = grad_specs.get(id(container))
+            if specs:
+                container.records = [
+                    r._replace(grad=specs.get((r.locator, r.key))) for r in container.records
+                ]
+        positions = {id(c): {r.locator for r in c.records} for c in self.containers}
+        for guard_id, (container, position) in self._inner_types.items():
+            if position not in positions[id(container)]:
+                fallback.append(self._taken[guard_id])
+                container.inner_keys.pop(position, None)
+        if fallback:
+            self._create_unreplaced(builder, fallback)
 
     def install(self, builder: GuardBuilder) -> None:
-        """The container guards and the frame's aliasing group."""
+        """The container guards, the frame's aliasing group and the identity pairs."""
+        self._prepare(builder)
         group = self.extension.TensorAliasingGroup()
-        for i, container in enumerate(self.containers):
-            install_container_guard(builder, self, container, f"___tensor_container_{i}", group)
-        install_aliasing_group(builder, self, group)
+        nested = [c for c in self.containers if c.kind == "dict_nested"]
+        flat = [c for c in self.containers if c.kind != "dict_nested"]
+        for i, container in enumerate(nested):
+            self._install_container(builder, container, f"___tensor_container_nested_{i}", group)
+        for i, container in enumerate(flat):
+            self._install_container(builder, container, f"___tensor_container_{i}", group)
+        # Grads are in group too: it counts them when deciding whether it is needed.
+        self._install_aliasing_group(builder, group)
+        self._install_identity(builder)
+
+    def _install_container(
+        self, builder: GuardBuilder, container: Container, var: str, group: Any
+    ) -> None:
+        """One TensorContainerGuard for container's records, on container.node().
+
+        Its tensors that take part in no-aliasing join group (a TensorAliasingGroup);
+        var is the closure variable naming the guard in verbose code parts.
+        """
+        if not container.records:
+            return
+        from .guards import get_verbose_code_parts
+
+        if container.guard is None:
+            raise AssertionError("a container with records has a guard")
+        ref = builder.arg_ref(container.name)
+        dict_type, ordered_keys = container.guard_arguments()
+        records = container.sorted_records()
+        guard_fn = self.extension.make_tensor_container_guard(
+            container.kind, ref, dict_type, ordered_keys, records, group
+        )
+        self.closure_vars[var] = guard_fn
+        node = container.node(builder)
+        # Recompile reasons evaluate the parts in order: the first one evaluates to
+        # the reason ("xs[417]: dtype changed float32 -> float64").
+        verbose_code_parts = get_verbose_code_parts(
+            [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
+        )
+        add_native_guard(
+            builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
+        )
+        if container.diff_source:
+            builder.guard_manager.diff_guard_sources.add(node.get_source())
+        log.debug("%s: %d tensors checked by one TensorContainerGuard", ref, len(records))
+        # The guard keeps metadata only; do not keep the frame's tensors alive.
+        container.records = []
+        container.value = None
+
+    def _install_aliasing_group(self, builder: GuardBuilder, group: Any) -> None:
+        """The frame's no-aliasing check: group, with the tensors that are not in a container.
+
+        Called after every container guard joined group. The single tensors
+        (``builder.no_tensor_aliasing_names``) record their identities into group from
+        their own nodes, and group decides as an epilogue guard.
+        """
+        names = builder.no_tensor_aliasing_names
+        if group.num_tensors() + len(names) <= 1:
+            return  # a single tensor cannot alias; the group stays unused
+        for name, manager in zip(names, builder.no_tensor_aliasing_guard_managers):
+            add_native_guard(
+                builder,
+                manager,
+                group.add_tensor(name),
+                [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"],
+                None,
+            )
+        self.closure_vars["___tensor_aliasing_group"] = group
+        builder.guard_manager.root.add_epilogue_lambda_guard(
+            group,
+            [
+                "___tensor_aliasing_group.explain()",
+                f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
+            ],
+            None,
+        )
+
+    def _install_identity(self, builder: GuardBuilder) -> None:
+        if not self.identity_pairs:
+            return
+        bases: list[tuple[str | None, list[tuple[bool, Any]], bool]] = []
+        base_index: dict[tuple[Any, ...], int] = {}
+        pairs = []
+        # All pairs under one frame local (self): the guard goes on that local's
+        # node, next to what it checks, and starts from it; else on the root.
+        locals_ = {item.local for pair in self.identity_pairs for item in (pair.a, pair.b)}
+        local = next(iter(locals_)) if len(locals_) == 1 else None
+
+        def base_of(item: IdentityItem) -> int:
+            name = None if local is not None else item.local.local_name
+            key = (name, item.steps, item.keys)
+            if key not in base_index:
+                base_index[key] = len(bases)
+                bases.append((name, list(item.steps), item.keys))
+            return base_index[key]
+
+        for guard, item_a, item_b in self.identity_pairs:
+            ref_a = builder.arg_ref(guard)
+            ref_b = builder.arg_ref(guard.create_fn.keywords["source_b"].name)
+            # Shown without L[...], as recompile reasons show sources.
+            text = re.sub(r"\bL\['([A-Za-z_]\w*)'\]", r"\1", f"{ref_b} is {ref_a}")
+            pairs.append((base_of(item_a), item_a.index, base_of(item_b), item_b.index, text))
+        identity = self.extension.make_object_identity_guard(bases, pairs)
+        # The guard_accel prefix: explain_guards lists it as an accelerated guard.
+        var = "___tensor_container_identity"
+        self.closure_vars[var] = identity
+        from .guards import get_verbose_code_parts
+
+        first = self.identity_pairs[0].guard
+        arg = builder.arg_ref(local.name) if local is not None else "L"
+        code_parts = get_verbose_code_parts(
+            [f"{var}.explain({arg})", f"{var}({arg})  # {len(pairs)} `is` pairs of container items"],
+            first,
+        )
+        if local is not None:
+            add_native_guard(
+                builder,
+                builder.get_guard_manager_from_source(local),
+                identity,
+                code_parts,
+                first.user_stack,
+            )
+        else:
+            builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
 
 
 def plan_tensor_containers(
     builder: GuardBuilder, guards: list[Guard], save_guards: bool
 ) -> TensorContainerPlan | None:
-    """Pick the containers whose tensors get one native guard, before guards are built."""
+    """What the native guards check, planned before any guard is built."""
     if not config.tensor_container_guards or save_guards:
         return None
     output_graph = builder.check_fn_manager.output_graph
     if output_graph is None or output_graph.export:
         return None  # export keeps Python guard code for every tensor
     min_size = max(config.tensor_container_guard_min_size, 2)
-    tensor_guards = [g for g in guards if g.create_fn_name() == "TENSOR_MATCH"]
-    if len(tensor_guards) < min_size:
+    # ID_MATCH too: torch.optim's step guards its tensors by identity only.
+    if sum(1 for g in guards if g.create_fn_name() in ("TENSOR_MATCH", "ID_MATCH")) < min_size:
         return None
     ext = extension()
     if ext is None:
         return None
+    containers = _plan_flat(builder, guards, min_size)
+    taken = {m for c in containers for m in c.members}
+    containers += _plan_nested(builder, guards, taken, min_size)
+    plan = TensorContainerPlan(ext, containers)
+    plan.plan_identity_records(builder, guards, min_size)
+    plan.plan_grads(builder, guards)
+    plan.note_inner_type_guards(builder, guards)
+    plan.plan_identity(builder, guards, min_size)
+    if not plan.containers and not plan.identity_pairs:
+        return None
+    return plan
 
+
+def _plan_flat(builder: GuardBuilder, guards: list[Guard], min_size: int) -> list[Container]:
+    """Lists, tuples and dicts of TENSOR_MATCH'd tensors."""
     from .guards import match_on_id_for_tensor
 
+    output_graph = builder.check_fn_manager.output_graph
     dict_keys_guarded = {
         g.name for g in guards if g.create_fn_name() == "DICT_KEYS_MATCH"
     }
     containers: dict[str, Container] = {}
     # id(dict) -> {key: (position, the dict's own key object)}
     key_positions: dict[int, dict[Any, tuple[int, Any]]] = {}
-    for guard in tensor_guards:
+    for guard in guards:
+        if guard.create_fn_name() != "TENSOR_MATCH":
+            continue
         source = guard.originating_source
         if match_on_id_for_tensor(guard) or isinstance(source, NumpyTensorSource):
             continue
@@ -287,7 +724,7 @@ def plan_tensor_containers(
         if container.kind == "tuple" and not _plan_tuple(builder, container):
             continue
         chosen.append(container)
-    return TensorContainerPlan(ext, chosen) if chosen else None
+    return chosen
 
 
 def supported_tensor(value: Any) -> bool:
@@ -501,77 +938,168 @@ def add_native_guard(
     builder.guard_manager.tag_unsafe_sources.add(node.get_source())
 
 
-def install_container_guard(
-    builder: GuardBuilder,
-    plan: TensorContainerPlan,
-    container: Container,
-    var: str,
-    group: Any,
-) -> None:
-    """One TensorContainerGuard for container's records, on container.node().
+def _path(source: Source) -> tuple[Source, tuple[tuple[bool, Any], ...]] | None:
+    """(the LocalSource, steps) that reach `source` from a frame local, or None."""
+    steps: list[tuple[bool, Any]] = []
+    while True:
+        if istype(source, LocalSource):
+            return source, tuple(reversed(steps))
+        if istype(source, AttrSource):
+            if "." in source.member:
+                return None
+            steps.append((True, source.member))
+        elif istype(source, DictGetItemSource):
+            if type(source.index) not in (str, int):
+                return None
+            steps.append((False, source.index))
+        elif istype(source, (GetItemSource, ListGetItemSource)):
+            if source.index_is_slice or type(source.index) is not int or source.index < 0:
+                return None
+            steps.append((False, source.index))
+        else:
+            return None
+        source = source.base
 
-    Its tensors that take part in no-aliasing join group (a TensorAliasingGroup);
-    var is the closure variable naming the guard in verbose code parts.
+
+def _identity_item(builder: GuardBuilder, source: Source) -> IdentityItem | None:
+    """How to reach a list/tuple item or a dict key by position from a frame local."""
+    if istype(source, ConstDictKeySource):
+        if not isinstance(builder.get(source.base), dict) or type(source.index) is not int:
+            return None
+        keys = True
+    elif istype(source, (GetItemSource, ListGetItemSource)):
+        if source.index_is_slice or type(source.index) is not int or source.index < 0:
+            return None
+        if type(builder.get(source.base)) not in (list, tuple):
+            return None
+        keys = False
+    else:
+        return None
+    path = _path(source.base)
+    if path is None:
+        return None
+    return IdentityItem(path[0], path[1], keys, source.index)
+
+
+def _inner_key_guards(guards: list[Guard]) -> dict[str, tuple[Source, dict[int, Guard]]]:
+    """Per dict: its source and the EQUALS_MATCH guards on its keys by position."""
+    key_guards: dict[str, tuple[Source, dict[int, Guard]]] = {}
+    for guard in guards:
+        source = guard.originating_source
+        if (
+            guard.create_fn_name() == "EQUALS_MATCH"
+            and istype(source, ConstDictKeySource)
+            and type(source.index) is int
+        ):
+            key_guards.setdefault(source.base.name, (source.base, {}))[1][source.index] = guard
+    return key_guards
+
+
+def _all_keys_guarded(builder: GuardBuilder, source: Source, by_index: dict[int, Guard]) -> bool:
+    """Every key of the dict at source is exact str and has its own key guard."""
+    keys = tuple(builtin_dict_keys(builder.get(source)))
+    return all(type(k) is str for k in keys) and set(by_index) == set(range(len(keys)))
+
+
+def _locate_identity(
+    builder: GuardBuilder, source: Source
+) -> tuple[Source, str, int, Any, Source | None, bool] | None:
+    """(container source, kind, locator, inner key, inner dict source, by
+    position) of an ID_MATCH'd list/tuple item or dict-of-dicts value, or None.
+
+    A value reached by its key's position (``inner[list(dict.keys(inner))[k]]``,
+    how torch.optim's state is read) is by position: its record needs the check of
+    its dict's keys in order, which takes the values by position. That check is
+    stronger than the value's own guard (which leaves the keys to other guards):
+    a state dict whose keys change without its values changing recompiles.
     """
-    if not container.records:
-        return
-    from .guards import get_verbose_code_parts
-
-    if container.guard is None:
-        raise AssertionError("a container with records has a guard")
-    ref = builder.arg_ref(container.name)
-    dict_type, ordered_keys = container.guard_arguments()
-    records = container.sorted_records()
-    guard_fn = plan.extension.make_tensor_container_guard(
-        container.kind, ref, dict_type, ordered_keys, records, group
-    )
-    plan.closure_vars[var] = guard_fn
-    node = container.node(builder)
-    # Recompile reasons evaluate the parts in order: the first one evaluates to
-    # the reason ("xs[417]: dtype changed float32 -> float64").
-    verbose_code_parts = get_verbose_code_parts(
-        [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
-    )
-    add_native_guard(
-        builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
-    )
-    if container.diff_source:
-        builder.guard_manager.diff_guard_sources.add(node.get_source())
-    log.debug("%s: %d tensors checked by one TensorContainerGuard", ref, len(records))
-    # The guard keeps metadata only; do not keep the frame's tensors alive.
-    container.records = []
-    container.value = None
+    by_position = False
+    if (
+        istype(source, DictGetItemSource)
+        and istype(source.index, ConstDictKeySource)
+        and source.index.base == source.base
+        and type(source.index.index) is int
+    ):
+        keys = list(builtin_dict_keys(builder.get(source.base)))
+        if not all(type(k) is str for k in keys) or source.index.index >= len(keys):
+            return None
+        source = DictGetItemSource(source.base, keys[source.index.index])
+        by_position = True
+    if istype(source, (GetItemSource, ListGetItemSource)):
+        if source.index_is_slice or type(source.index) is not int or source.index < 0:
+            return None
+        kind = {list: "list", tuple: "tuple"}.get(type(builder.get(source.base)))
+        if kind is None:
+            return None
+        return source.base, kind, source.index, None, None, False
+    inner = _nested_inner(builder, source)
+    if inner is None:
+        return None
+    return inner.base, "dict_nested", inner.index.index, source.index, inner, by_position
 
 
-def install_aliasing_group(
-    builder: GuardBuilder, plan: TensorContainerPlan, group: Any
-) -> None:
-    """The frame's no-aliasing check: group, with the tensors that are not in a container.
+def _nested_inner(builder: GuardBuilder, source: Source) -> Any:
+    """The inner dict's source of outer[ConstDictKey(i)][str key], if a dict_nested
+    container can check it, else None."""
+    if not istype(source, DictGetItemSource) or type(source.index) is not str:
+        return None
+    inner = source.base
+    if not istype(inner, DictGetItemSource) or not istype(inner.index, ConstDictKeySource):
+        return None
+    outer = inner.base
+    if inner.index.base != outer or type(inner.index.index) is not int:
+        return None
+    # The native walk reads the dict's own entries (PyDict_Next), as its
+    # DictGuardManager does: exact dicts, and defaultdict (torch.optim's state),
+    # whose order is the dict's own.
+    if type(builder.get(outer)) not in (dict, collections.defaultdict):
+        return None
+    if type(builder.get(inner)) is not dict:
+        return None
+    if not builder.requires_key_order_guarding(outer):
+        return None
+    # The guard needs a plain node for the dict (a DictGuardManager takes
+    # ID_MATCH leaves only).
+    if second_node_accessor(builder, outer) is None:
+        return None
+    return inner
 
-    Called after every container guard joined group. The single tensors
-    (``builder.no_tensor_aliasing_names``) record their identities into group from
-    their own nodes, and group decides as an epilogue guard.
-    """
-    names = builder.no_tensor_aliasing_names
-    if group.num_tensors() + len(names) <= 1:
-        return  # a single tensor cannot alias; the group stays unused
-    for name, manager in zip(names, builder.no_tensor_aliasing_guard_managers):
-        add_native_guard(
-            builder,
-            manager,
-            group.add_tensor(name),
-            [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"],
-            None,
-        )
-    plan.closure_vars["___tensor_aliasing_group"] = group
-    builder.guard_manager.root.add_epilogue_lambda_guard(
-        group,
-        [
-            "___tensor_aliasing_group.explain()",
-            f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
-        ],
-        None,
-    )
+
+def _plan_nested(
+    builder: GuardBuilder, guards: list[Guard], taken: set[str], min_size: int
+) -> list[Container]:
+    """dict_nested containers: outer[ConstDictKey(i)][str key] tensors."""
+    from .guards import match_on_id_for_tensor
+
+    output_graph = builder.check_fn_manager.output_graph
+    containers: dict[str, Container] = {}
+    for guard in guards:
+        if guard.create_fn_name() != "TENSOR_MATCH" or guard.name in taken:
+            continue
+        source = guard.originating_source
+        inner = _nested_inner(builder, source)
+        if inner is None:
+            continue
+        if match_on_id_for_tensor(guard) or source not in output_graph.input_source_to_sizes_strides:
+            continue
+        if config._unsafe_skip_fsdp_module_guards and guard.is_fsdp_module():
+            continue
+        if not supported_tensor(builder.get(source)):
+            continue
+        outer = inner.base
+        outer_value = builder.get(outer)
+        container = containers.get(outer.name)
+        if container is None:
+            container = containers[outer.name] = Container(
+                outer, outer.name, "dict_nested", outer_value
+            )
+        locator = (inner.index.index, source.index)
+        if locator in container.locators:
+            continue
+        container.locators.add(locator)
+        container.members[guard.name] = locator
+        container.inner_sources[inner.name] = inner.index.index
+    return [c for c in containers.values() if len(c.members) >= min_size]
 
 
 def install_tensor_container_guards(builder: GuardBuilder) -> bool:
