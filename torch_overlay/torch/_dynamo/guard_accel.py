@@ -10,8 +10,8 @@ list(dict.keys(state))[i]`` pair (DUPLICATE_INPUT); ``torch.optim``'s own step
 guards its params and state by ID_MATCH. All of it is O(N) nodes and O(N) work on
 every call.
 
-``plan_tensor_containers`` makes one ``TensorContainerPlan`` before any guard is
-created, in one pass over the sorted guards:
+``plan_tensor_containers`` makes one ``TensorContainerPlan`` from the sorted guards,
+before any guard is created:
 
 * containers of at least ``config.tensor_container_guard_min_size`` tensors: lists,
   tuples, dicts looked up by key or iterated in key order, and dicts of dicts of
@@ -287,7 +287,8 @@ class TensorContainerPlan:
 
     # -- planning (plan_tensor_containers), after the containers -------------
 
-    def plan_grads(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+    def _plan_grads(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+        """Grad records: the guards on a planned element's .grad."""
         by_grad: dict[str, list[Guard]] = {}
         for guard in guards:
             source = guard.originating_source
@@ -336,7 +337,7 @@ class TensorContainerPlan:
 
     # -- nested dicts --------------------------------------------------------
 
-    def note_inner_type_guards(self, builder: GuardBuilder, guards: list[Guard]) -> None:
+    def _plan_inner_dicts(self, builder: GuardBuilder, guards: list[Guard]) -> None:
         """The type, and the keys in order, of the dicts holding a dict_nested
         container's tensors are checked by its guard."""
         inner: dict[str, tuple[Container, int]] = {}
@@ -373,7 +374,7 @@ class TensorContainerPlan:
 
     # -- ID_MATCH'd tensors -------------------------------------------------
 
-    def plan_identity_records(
+    def _plan_identity_records(
         self, builder: GuardBuilder, guards: list[Guard], min_size: int
     ) -> None:
         """Identity records for the ID_MATCH'd tensors of lists and dicts of dicts.
@@ -436,7 +437,10 @@ class TensorContainerPlan:
 
     # -- identity pairs (DUPLICATE_INPUT) -------------------------------------
 
-    def plan_identity(self, builder: GuardBuilder, guards: list[Guard], min_size: int) -> None:
+    def _plan_identity_pairs(
+        self, builder: GuardBuilder, guards: list[Guard], min_size: int
+    ) -> None:
+        """DUPLICATE_INPUT pairs of list/tuple items and dict keys by position."""
         from .guards import is_from_optimizer_source, is_from_skip_guard_source
 
         seen: set[frozenset[str]] = set()
@@ -667,10 +671,10 @@ def plan_tensor_containers(
     taken = {m for c in containers for m in c.members}
     containers += _plan_nested(builder, guards, taken, min_size)
     plan = TensorContainerPlan(ext, containers)
-    plan.plan_identity_records(builder, guards, min_size)
-    plan.plan_grads(builder, guards)
-    plan.note_inner_type_guards(builder, guards)
-    plan.plan_identity(builder, guards, min_size)
+    plan._plan_identity_records(builder, guards, min_size)
+    plan._plan_grads(builder, guards)
+    plan._plan_inner_dicts(builder, guards)
+    plan._plan_identity_pairs(builder, guards, min_size)
     if not plan.containers and not plan.identity_pairs:
         return None
     return plan
