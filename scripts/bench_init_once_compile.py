@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """First compile of bench_skip_guard.py case (b) (OnceSGD): per-tensor guards
-(tensor_container_guards=False) / native container guards (0011+0015), alternated in one
+(tensor_container_guards=False) / native container guards (native-container-guard), alternated in one
 process, medians.
 Usage: .venv/bin/python scripts/bench_init_once_compile.py [N=1000] [REPS=5]"""
 import os
@@ -17,7 +17,7 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 REPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 configs = {
     "stock guards": dict(tensor_container_guards=False),
-    "0011+0015": dict(tensor_container_guards=True),
+    "native-container-guard": dict(tensor_container_guards=True),
 }
 res = {k: {"first": [], "build": [], "steady": []} for k in configs}
 for rep in range(REPS):

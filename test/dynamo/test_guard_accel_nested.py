@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""Native guards for grads, dicts of dicts and identity pairs (guard_accel_nested)."""
+"""Native guards for grads, dicts of dicts and identity pairs (guard_accel, native-container-guard)."""
 
 import collections
 import copy

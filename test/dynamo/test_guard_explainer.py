@@ -401,7 +401,7 @@ cache entry 0:
 
 
 class NestedNativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
-    """Summaries of native guards over grads and per-tensor state (guard_accel_nested)."""
+    """Summaries of native guards over grads and per-tensor state (guard_accel)."""
 
     def setUp(self):
         super().setUp()
@@ -446,7 +446,7 @@ cache entry 0:
         raw = str(_debug_get_cache_entry_list(LazySGD.step.__code__)[0].guard_manager)
         self.assertLessEqual(len(text.splitlines()), 40)
         # grads, state buffers and the param/state-key pairs are native guards
-        # (guard_accel_nested); without these patches the tree has over 2,000 lines.
+        # (guard_accel); without this patch the tree has over 2,000 lines.
         self.assertLess(len(raw.splitlines()), 60)
 
 
