@@ -181,7 +181,7 @@ class PatchNameTest(ProjectCopyTestCase):
         return override
 
     def test_renumbered_patch_keeps_expected_changes_and_names_its_override(self):
-        second = sorted((self.project / "patches").glob("0002-*.patch"))[0]
+        second = self.patch_named("module-int-symints")
         override = self.override(self.patch)
         self.assertEqual(self.dynapatch("check").returncode, 0)
         self.renumber(second, "0099-moved.patch")  # expected changes name module-int-symints
@@ -377,10 +377,12 @@ class NativeOwnershipTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "needs native file csrc/tensor_aliasing_group.h")
 
     def test_source_claimed_twice_or_outside_csrc(self):
-        later = self.native_patch("0012")
+        native = self.number("native-container-guard")
+        later = self.patch_named("module-float-tensors")
+        self.assertGreater(later.name[:4], native)
         original = later.read_text()
         later.write_text(original.replace("Upstream-Status:", "Native-File: csrc/guard_accel.cpp\nUpstream-Status:", 1))
-        self.assertFailsWith(self.dynapatch("check"), 1, "csrc/guard_accel.cpp is claimed by 0011-", later.name)
+        self.assertFailsWith(self.dynapatch("check"), 1, f"csrc/guard_accel.cpp is claimed by {native}-", later.name)
         later.write_text(original.replace("Upstream-Status:", "Native-File: setup.py\nUpstream-Status:", 1))
         self.assertFailsWith(self.dynapatch("check"), 1, "Native-File setup.py is not a C/C++ source under csrc/")
 
@@ -410,7 +412,8 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertEqual(shared.text_at(2), text)
 
     def test_selectors_are_checked(self):
-        self.edit_trailer("0014", "::ModuleScalarTests::test_float_*", "::ModuleScalarTests::test_nothing_*")
+        self.edit_trailer(self.number("module-float-tensors"), "::ModuleScalarTests::test_float_*",
+                          "::ModuleScalarTests::test_nothing_*")
         self.assertFailsWith(self.dynapatch("check"), 1, "test_module_scalars.py::ModuleScalarTests::test_nothing_* "
                              "matches no test")
 
@@ -420,10 +423,11 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "selects cases of a file it introduces")
 
     def test_case_selected_by_two_patches(self):
-        self.edit_trailer("0004", "Tests: test/dynamo/test_optimizers_all.py",
+        optim = self.number("optimizer-init-values-once")
+        self.edit_trailer(optim, "Tests: test/dynamo/test_optimizers_all.py",
                           "Tests: test/dynamo/test_optimizers_all.py\n"
                           "Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_decay_*")
-        self.assertFailsWith(self.dynapatch("check"), 1, "test_float_decay_compiles_once is selected by 0004-")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"test_float_decay_compiles_once is selected by {optim}-")
 
     def test_pr_extra_must_belong_to_a_patch_and_stay_outside_the_wheel(self):
         extra = self.project / "patches/pr-extra"
@@ -438,26 +442,30 @@ class TestsTravelTest(ProjectCopyTestCase):
         proc = self.dynapatch("export-prs", str(out))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
-        # 0002 adds test_module_scalars.py without 0014's float cases; 0014 adds them to it.
-        self.assertIn("+    def test_counter_compiles_once(self):", mbox["0002"])
-        self.assertNotIn("def test_float_decay_compiles_once(self)", mbox["0002"])
-        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox["0014"])
+        ints, floats = self.number("module-int-symints"), self.number("module-float-tensors")
+        native = self.number("native-container-guard")
+        # module-int-symints adds test_module_scalars.py without module-float-tensors' float cases,
+        # which that patch adds to it.
+        self.assertIn("+    def test_counter_compiles_once(self):", mbox[ints])
+        self.assertNotIn("def test_float_decay_compiles_once(self)", mbox[ints])
+        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox[floats])
         self.assertIn("python -m pytest test/dynamo/test_module_scalars.py::ModuleScalarTests::"
-                      "test_float_decay_compiles_once", mbox["0014"])
-        # 0002's expected-count edits of upstream's test_modules.py travel in its PR.
-        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox["0002"])
-        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox["0002"])
-        # 0011 carries the native sources at pytorch paths, the build list entry and the port notes.
-        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox["0011"])
-        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox["0011"])
-        self.assertIn("LeafGuard subclass", mbox["0011"])
-        self.assertIn("GuardDebugInfo", mbox["0011"])
+                      "test_float_decay_compiles_once", mbox[floats])
+        # module-int-symints' expected-count edits of upstream's test_modules.py travel in its PR.
+        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox[ints])
+        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox[ints])
+        # native-container-guard carries the native sources at pytorch paths, the build list entry
+        # and the port notes ...
+        self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox[native])
+        self.assertIn('+    "torch/csrc/dynamo/tensor_container_guard.cpp",', mbox[native])
+        self.assertIn("LeafGuard subclass", mbox[native])
+        self.assertIn("GuardDebugInfo", mbox[native])
         # ... and every guard class of its one plan, ObjectIdentityGuard included.
-        self.assertIn("diff --git a/torch/csrc/dynamo/object_identity_guard.cpp", mbox["0011"])
-        self.assertIn('+    "torch/csrc/dynamo/object_identity_guard.cpp",', mbox["0011"])
+        self.assertIn("diff --git a/torch/csrc/dynamo/object_identity_guard.cpp", mbox[native])
+        self.assertIn('+    "torch/csrc/dynamo/object_identity_guard.cpp",', mbox[native])
         for number, text in mbox.items():
             self.assertNotIn("Patch-Name:", text.split("\n---\n", 1)[0], number)
-            self.assertNotIn("csrc/dynamo/", text if number != "0011" else "", number)
+            self.assertNotIn("csrc/dynamo/", text if number != native else "", number)
 
 
 class StackTestTest(ProjectCopyTestCase):
