@@ -235,7 +235,7 @@ class RebaseCheckTest(ProjectCopyTestCase):
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertFailsWith(proc, 2, self.patch.name)
         self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +152,7 @@ (context only)", proc.stdout)
-        later = self.number("optimizer-init-values-once")  # also changes optimizer.py
+        later = self.number("optimizer-capturable-where-declared")  # the next patch of optimizer.py
         self.assertRegex(proc.stdout, rf"\| {later}-\S+ \| blocked \| not checked: earlier patch 0001-")
 
     def test_offsets_are_reported_and_accepted(self):
