@@ -40,15 +40,26 @@ STEPS = 6
 
 def train(name, backend=None):
     """STEPS steps of SGD(momentum) on a small Linear with the scheduler `name`, opt.step
-    compiled when a backend is given. Returns parameters, the lr and momentum each
-    opt.step() saw, the frames compiled and the warnings raised."""
+    compiled before the scheduler is built when a backend is given. Returns parameters,
+    the lr and momentum each opt.step() saw, how many times a compiled graph ran and the
+    warnings raised."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    counter = None
+    counter, graph_runs = None, [0]
     if backend is not None:
         counter = CompileCounterWithBackend(backend)
-        opt.step = torch.compile(opt.step, backend=counter)
+
+        def counting(gm, example_inputs):
+            compiled = counter(gm, example_inputs)
+
+            def run(*args):
+                graph_runs[0] += 1
+                return compiled(*args)
+
+            return run
+
+        opt.step = torch.compile(opt.step, backend=counting)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         scheduler = SCHEDULERS[name](opt)
@@ -64,18 +75,7 @@ def train(name, backend=None):
             else:
                 scheduler.step()
             params.append([p.detach().clone() for p in model.parameters()])
-    return params, seen, counter.frame_count if counter else None, [str(w.message) for w in caught]
-
-
-def expected_frames(seen):
-    """The first call; the momentum buffers' creation (call 2, as without a scheduler);
-    and once more if the group's numbers change after that recompile without having
-    changed before it (a number is specialized until it is seen to change, then
-    dynamic). Without scalar state: one frame per distinct value instead."""
-    if not getattr(torch._dynamo.config, "scalar_state", False):  # scalar-state-anywhere
-        return 1 + len(set(seen[1:]))
-    first, second, later = seen[0], seen[1], seen[2:]
-    return 2 + (first == second and any(v != second for v in later))
+    return params, seen, graph_runs[0] if counter else None, [str(w.message) for w in caught]
 
 
 class CompiledStepWithSchedulerTests(torch._dynamo.test_case.TestCase):
@@ -83,7 +83,7 @@ class CompiledStepWithSchedulerTests(torch._dynamo.test_case.TestCase):
     @parametrize("name", list(SCHEDULERS))
     def test_scheduler_wraps_compiled_step(self, name, backend):
         eager_params, eager_seen, _, eager_warnings = train(name)
-        params, seen, frames, caught = train(name, backend)
+        params, seen, graph_runs, caught = train(name, backend)
         self.assertEqual(seen, eager_seen)
         # Bitwise under "eager". Once lr is dynamic it feeds `alpha` of `_foreach_add_`, which
         # has no Tensor overload: the graph multiplies, then adds, where eager's kernel fuses
@@ -91,8 +91,9 @@ class CompiledStepWithSchedulerTests(torch._dynamo.test_case.TestCase):
         tolerance = {"atol": 0, "rtol": 0} if backend == "eager" else {}
         for step, (got, want) in enumerate(zip(params, eager_params)):
             self.assertEqual(got, want, msg=f"step {step}", **tolerance)
-        # The compiled step ran on every call (one compile, then recompiles only as the rule says)...
-        self.assertEqual(frames, expected_frames(seen))
+        # The compiled step is what runs: one compiled graph per opt.step() call (how often
+        # it recompiles is Dynamo's business, with or without a scheduler) ...
+        self.assertEqual(graph_runs, STEPS)
         # ... and the scheduler saw each opt.step() call: no "scheduler before optimizer" warning.
         self.assertEqual([w for w in caught if "lr_scheduler.step()" in w], [])
         self.assertEqual([w for w in eager_warnings if "lr_scheduler.step()" in w], [])
