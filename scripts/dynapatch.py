@@ -434,6 +434,9 @@ def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
         if not wheel_is_current(project):
             log("wheel or .venv missing or stale: building first")
             args.no_venv = False
+            # cmd_build reads build options upstream-tests does not take: build the last variant.
+            args.force = False
+            args.variant = read_stamp(project).variant if read_stamp(project) else None
             cmd_build(project, args)
         patched = project.venv
     else:
