@@ -5,7 +5,7 @@ Run with the patched wheel (python3 scripts/dynapatch.py build, then
 .venv/bin/python scripts/bench_guards.py). For every scenario and size the same
 function is compiled twice (backend "eager") in one process: once with
 torch._dynamo.config.tensor_container_guards = False and every graph input given
-an (empty) instance __dict__ as stock Dynamo gives it (patch 0016 avoids that,
+an (empty) instance __dict__ as stock Dynamo gives it (no-tensor-instance-dict avoids that,
 which also speeds up stock guard trees), which builds exactly the stock guard tree
 on stock-shaped tensors, and once with the native guards and no such dicts. Each copy of the function has its own code
 object, so both cache entries stay live and are measured alternately, round by
@@ -132,13 +132,13 @@ def make_case(kind: str, n: int, tag: str) -> tuple[Callable[..., Any], Any, tup
 @contextlib.contextmanager
 def stock_instance_dicts() -> Iterator[None]:
     """Give every traced tensor an empty instance __dict__, as stock Dynamo's
-    _extract_tensor_dict does by reading t.__dict__ (patch 0016 avoids it)."""
+    _extract_tensor_dict does by reading t.__dict__ (no-tensor-instance-dict avoids it)."""
     import torch._dynamo.output_graph
     import torch._dynamo.variables.builder
     from torch._dynamo.utils import _extract_tensor_dict
 
     def extract(t: torch.Tensor) -> dict[str, Any]:
-        t.__dict__  # creates the dict, as without patch 0016
+        t.__dict__  # creates the dict, as without no-tensor-instance-dict
         return _extract_tensor_dict(t)
 
     with (

@@ -235,8 +235,8 @@ def _steps(r: random.Random, count: int, make_pre: Callable[[int], list[Op]], em
     return [Step([] if i == 0 or r.random() < empty else make_pre(i), ns[i]) for i in range(count)]
 
 
-# -- scalars: nn.Module int counters and float attributes (patches 0002, 0014), float
-# places elsewhere that forward stores to and uses (0018) ----
+# -- scalars: nn.Module int counters and float attributes (module-int-symints, module-float-tensors), float
+# places elsewhere that forward stores to and uses (scalar-state-anywhere) ----
 
 SCALARS_TEMPLATE = '''
 torch.manual_seed(0)
@@ -344,7 +344,7 @@ def gen_scalars(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# Float places outside nn.Module attributes (patch 0018) that forward stores to and
+# Float places outside nn.Module attributes (scalar-state-anywhere) that forward stores to and
 # also uses: the uses the float64 tensor form cannot trace (module-float-tensors) and
 # places no store hook sees. (place: definition at module level, its setup in
 # Mod.__init__, the store of `{new}`, the expression reading it, a TRACK entry)
@@ -574,7 +574,7 @@ def gen_optim(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# -- init_once: torch._dynamo.init_values_once (patches 0003, 0004, 0015) ------------
+# -- init_once: torch._dynamo.init_values_once (init-values-once, native-container-guard) ----
 
 INIT_ONCE_TEMPLATE = '''
 torch.manual_seed(0)
@@ -1082,7 +1082,7 @@ def gen_hooks(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# -- containers: large tensor containers (native guards, patches 0011, 0015) ----------
+# -- containers: large tensor containers (native-container-guard) ----------
 
 CONTAINERS_TEMPLATE = '''
 torch.manual_seed(0)

@@ -19,7 +19,7 @@ from torch.testing._internal.common_utils import (
     parametrize,
 )
 
-try:  # patch 0011's bad-argument runner
+try:  # test_guard_accel.py's bad-argument runner
     from .test_guard_accel import run_bad_argument_cases
 except ImportError:
     from test_guard_accel import run_bad_argument_cases

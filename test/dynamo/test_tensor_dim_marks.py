@@ -57,18 +57,23 @@ def placeholder_sizes(gm):
     return sizes
 
 
+def recording_counter(graphs):
+    """A CompileCounter whose backend appends each graph's placeholder sizes to graphs."""
+
+    def backend(gm, example_inputs):
+        graphs.append(placeholder_sizes(gm))
+        return gm.forward
+
+    return torch._dynamo.testing.CompileCounterWithBackend(backend)
+
+
 class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
     def compile(self, mark, **compiler_config):
         """Compile f on x (3, 4, 5) marked by mark and y (6,), call it again with x (3, 7, 5);
         frames, graphs' placeholder sizes, per-dimension lookups."""
         torch._dynamo.reset()
         graphs = []
-
-        def backend(gm, example_inputs):
-            graphs.append(placeholder_sizes(gm))
-            return gm.forward
-
-        counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+        counter = recording_counter(graphs)
         with count_per_dimension_lookups() as counts, torch.compiler.config.patch(**compiler_config):
             compiled = torch.compile(f, backend=counter)
             for x_shape in ((3, 4, 5), (3, 7, 5)):
@@ -118,12 +123,7 @@ class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
     def test_eager_then_compile_dynamism(self):
         torch._dynamo.reset()
         graphs = []
-
-        def backend(gm, example_inputs):
-            graphs.append(placeholder_sizes(gm))
-            return gm.forward
-
-        counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+        counter = recording_counter(graphs)
         with count_per_dimension_lookups() as counts:
             compiled = torch.compile(f, backend=counter)
             with torch.compiler.set_stance("eager_then_compile"):
