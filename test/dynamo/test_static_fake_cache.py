@@ -174,6 +174,28 @@ class StaticKeyTests(torch._dynamo.test_case.TestCase):
         # Without this patch, one dataclasses.fields() per tensor argument: 2.
         self.assertEqual(fields.call_count, 0)
 
+    def test_static_sizes_flattened_without_per_item_dispatch(self):
+        mode = make_mode()
+        fakes = varied_fakes(mode)
+        static = fakes["column_major"]
+        symbolic = fakeify(mode, torch.randn(4, 3), dynamic=DimDynamic.DYNAMIC, name="s")
+        calls = []
+        real = FakeTensorMode._prep_args_for_hash
+
+        def counting(self, result, args, *rest):
+            calls.append(tuple(args))
+            return real(self, result, args, *rest)
+
+        with unittest.mock.patch.object(FakeTensorMode, "_prep_args_for_hash", counting):
+            for fake in (static, symbolic):
+                extract_tensor_metadata(fake)._flatten_into(
+                    [], mode, _CacheKeyState(mode.shape_env)
+                )
+        # Without this patch the static tensor's shape and stride went through the
+        # general per-item dispatch too (4 calls); a symbolic tensor's still do.
+        self.assertEqual(len(calls), 2)
+        self.assertTrue(all(isinstance(v, torch.SymInt) for v in calls[0]))
+
 
 class StaticOutputTests(torch._dynamo.test_case.TestCase):
     def test_hit_outputs_equal_miss_outputs(self):

@@ -119,6 +119,34 @@ class StaticFakeSizesTests(torch._dynamo.test_case.TestCase):
         torch._dynamo.utils.guard_failures.clear()
         self.assertEqual(compile_and_check(self, inputs, calls=3), (2, [AUTOMATIC_DYNAMIC_REASON]))
 
+    def test_free_symbols_of_static_and_symbolic_fakes(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import free_symbols, has_free_symbols
+
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        static = mode.from_tensor(torch.randn(3, 4), static_shapes=True)
+        symbolic = mode.from_tensor(torch.randn(3, 4))
+        with mode:
+            static_view = static.t()[1:]
+            offset_view = symbolic[1:]  # its storage offset is symbolic too
+        sizes_read = []
+        real_size = type(static).size
+
+        def counting_size(t, *args):
+            sizes_read.append(t)
+            return real_size(t, *args)
+
+        with unittest.mock.patch.object(type(static), "size", counting_size):
+            self.assertFalse(has_free_symbols(static))
+            self.assertFalse(has_free_symbols(static_view))
+            # Without this patch a static tensor's sizes, strides and offset are walked.
+            self.assertEqual(sizes_read, [])
+            self.assertTrue(has_free_symbols(symbolic))
+        expected = {str(s) for s in symbolic.shape}
+        self.assertEqual({str(s) for s in free_symbols(symbolic)}, expected)
+        self.assertEqual({str(s) for s in free_symbols(offset_view)}, expected)
+        self.assertEqual(free_symbols(static_view), set())
+
 
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests

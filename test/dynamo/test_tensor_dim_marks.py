@@ -137,6 +137,34 @@ class TensorDimMarksTests(torch._dynamo.test_case.TestCase):
         # not once per dimension.
         self.assertEqual(counts["normalize"], 2)
 
+    def test_first_sight_of_an_input_copies_no_entry(self):
+        # update_automatic_dynamic keeps a copy of a name's previous entry to log what
+        # changed; a name seen for the first time has none. x and y are new on the
+        # first compile; on the second, both entries are updated (x's dim 1 changes).
+        from torch._dynamo import pgo
+
+        torch._dynamo.reset()
+        graphs = []
+        counter = recording_counter(graphs)
+        compiled = torch.compile(f, backend=counter)
+        entry_copies = []
+        real_copy = pgo.copy.copy
+
+        def counting_copy(obj):
+            if isinstance(obj, pgo.FrameStateSizeEntry):
+                entry_copies.append(obj)
+            return real_copy(obj)
+
+        with unittest.mock.patch.object(pgo.copy, "copy", side_effect=counting_copy):
+            per_compile = []
+            for x_shape in ((3, 4, 5), (3, 7, 5)):
+                x, y = torch.randn(x_shape), torch.randn(6)
+                self.assertEqual(compiled(x, y), f(x, y))
+                per_compile.append(len(entry_copies))
+        self.assertEqual(counter.frame_count, 2)
+        self.assertEqual(graphs, [[(3, 4, 5), (6,)], [(3, "s", 5), (6,)]])
+        # Without this patch: 2 copies on the first compile as well.
+        self.assertEqual(per_compile, [0, 2])
 
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
