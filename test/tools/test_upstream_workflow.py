@@ -424,7 +424,7 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "selects cases of a file it introduces")
 
     def test_case_selected_by_two_patches(self):
-        optim = self.number("optimizer-init-values-once")
+        optim = self.number("init-values-once")
         self.edit_trailer(optim, "Tests: test/dynamo/test_optimizers_all.py",
                           "Tests: test/dynamo/test_optimizers_all.py\n"
                           "Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_decay_*")
