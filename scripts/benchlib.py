@@ -174,7 +174,8 @@ def table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
 
     def align(cell: str, width: int) -> str:
-        return cell.rjust(width) if cell[:1].isdigit() or cell[:2].lstrip("-")[:1].isdigit() else cell.ljust(width)
+        number = cell.strip().lstrip("-")[:1].isdigit()
+        return cell.rjust(width) if number else cell.ljust(width)
 
     print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
