@@ -6,7 +6,7 @@ What a user pays once per process, before any step is cached: the CPU time
 `import torch`, so one-off imports made during the compile count. Sides, run
 alternately (never at once), --reps fresh processes each:
 
-  stock       unpatched torch 2.13.0 (bench_optimizer_step's stock venv or --stock-python)
+  stock       unpatched torch 2.13.0 (--stock-python, or the stock env benchlib finds)
   patched     the custom wheel (the python running this script, normally .venv/bin/python)
 
 Steps: sgd = SGD(momentum=0.9, foreach=True), adam = Adam(foreach=True),
@@ -18,15 +18,11 @@ Prints medians and ratios; exit 1 if a worker fails.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_optimizer_step import find_stock_python
+import benchlib
 
 KINDS = ("sgd", "adam", "adamw")
 
@@ -57,45 +53,32 @@ print(json.dumps({"import_s": import_s, "first_s": times[0], "second_s": times[1
 """
 
 
-def run_one(python: str, kind: str, n: int) -> dict:
-    proc = subprocess.run([python, "-c", WORKER, kind, str(n)],
-                          capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {python} {kind} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--n", type=int, default=10, help="parameters (default 10)")
     ap.add_argument("--reps", type=int, default=5, help="fresh processes per side (default 5)")
-    ap.add_argument("--stock-python", help="python of a venv with unpatched torch 2.13.0")
+    benchlib.add_side_args(ap)
     args = ap.parse_args()
-    sides = {"stock": find_stock_python(args.stock_python), "patched": sys.executable}
-    print(f"stock {sides['stock']}  vs  patched {sys.executable}; N={args.n}, backend=eager, "
+    sides = benchlib.sides(args)
+    print(f"stock {sides['stock']}  vs  patched {sides['patched']}; N={args.n}, backend=eager, "
           f"CPU s of the first two compiled steps in a fresh process, median of {args.reps}")
-    print(f"| {'step':6} | {'side':7} | first s | second s | first+second s | inductor compiler imported |")
-    rows = {}
+    rows, table = {}, []
     for kind in args.kinds:
-        samples: dict[str, list[dict]] = {side: [] for side in sides}
-        for rep in range(args.reps):
-            for side, python in sides.items():
-                samples[side].append(run_one(python, kind, args.n))
+        samples = benchlib.run_sides(sides, ["-c", WORKER, kind, args.n], args.reps)
         rows[kind] = samples
         for side, results in samples.items():
-            first = statistics.median(r["first_s"] for r in results)
-            second = statistics.median(r["second_s"] for r in results)
-            both = statistics.median(r["first_s"] + r["second_s"] for r in results)
+            med = benchlib.medians({k: [r[k] for r in results] for k in ("first_s", "second_s")})
+            both = benchlib.median(r["first_s"] + r["second_s"] for r in results)
             imported = sum(r["inductor_compiler_imported"] for r in results)
-            print(f"| {kind:6} | {side:7} | {first:7.2f} | {second:8.2f} | {both:14.2f} | "
-                  f"{f'{imported}/{len(results)}':26} |")
+            table.append([kind, side, f"{med['first_s']:.2f}", f"{med['second_s']:.2f}", f"{both:.2f}",
+                          f"{imported}/{len(results)}"])
+    benchlib.table(["step", "side", "first s", "second s", "first+second s", "inductor compiler imported"],
+                   table)
     print("ratios of first+second (higher is better for patched):")
     for kind, samples in rows.items():
-        med = {side: statistics.median(r["first_s"] + r["second_s"] for r in rs)
-               for side, rs in samples.items()}
-        print(f"  {kind:6} stock/patched {med['stock'] / med['patched']:.2f}x")
+        med = {side: benchlib.median(r["first_s"] + r["second_s"] for r in rs) for side, rs in samples.items()}
+        print(f"  {kind:6} stock/patched {benchlib.ratio(med['stock'], med['patched'])}")
     return 0
 
 

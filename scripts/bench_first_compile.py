@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
 
 HERE = Path(__file__).resolve().parent
 
 
 def worker(kind: str, n: int) -> None:
-    sys.path.insert(0, str(HERE))
     import bench_optimizer_step as steps
     import torch
 
@@ -39,22 +37,10 @@ def worker(kind: str, n: int) -> None:
         opt = steps._make_optimizer(kind, params)
         steps._set_grads(params, 0)
         step = torch.compile(opt.step, backend="eager")
-        start = time.process_time()
-        step()
-        return time.process_time() - start
+        return benchlib.cpu_time_of(step)
 
     first_compile(2)  # one-off imports and lazy initialisation, paid by any first compile
     print(json.dumps({"first_s": first_compile(n)}))
-
-
-def measure(python: str, kind: str, n: int) -> float:
-    cmd = [python, str(Path(__file__).resolve()), "--worker", kind, str(n)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"worker {python} {kind} N={n} failed ({proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["first_s"]
 
 
 def main() -> None:
@@ -62,36 +48,26 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000])
     parser.add_argument("--kinds", nargs="+", default=["sgd", "once"], choices=["sgd", "adam", "adamw", "once"])
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per side and row")
-    parser.add_argument("--stock-python", help="python of a venv with unpatched torch")
+    benchlib.add_side_args(parser)
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker[0], int(args.worker[1]))
         return
 
-    sys.path.insert(0, str(HERE))
-    from bench_optimizer_step import find_stock_python
-
-    sides = {"stock": find_stock_python(args.stock_python), "patched": sys.executable}
-    for side, python in sides.items():
-        if not os.path.exists(python):
-            raise SystemExit(f"{side} interpreter not found: {python}")
+    sides = benchlib.sides(args)
     print(f"stock: {sides['stock']}\npatched: {sides['patched']}")
     print(f"first compile, CPU s, median of {args.repeats} fresh processes per side (alternating); min-max")
-    print("|     N | step  |             stock |           patched | stock/patched |")
-    print("|-------|-------|-------------------|-------------------|---------------|")
+    rows = []
     for n in args.sizes:
         for kind in args.kinds:
-            times: dict[str, list[float]] = {"stock": [], "patched": []}
-            for i in range(args.repeats):
-                order = ("stock", "patched") if i % 2 == 0 else ("patched", "stock")
-                for side in order:
-                    times[side].append(measure(sides[side], kind, n))
-                    print(f"  {kind} N={n} {side} {times[side][-1]:.2f} s", file=sys.stderr, flush=True)
-            med = {side: statistics.median(t) for side, t in times.items()}
+            argv = benchlib.worker_argv(__file__, kind, n)
+            results = benchlib.run_sides(sides, argv, args.repeats, label=f"{kind} N={n}")
+            times = {side: [r["first_s"] for r in rs] for side, rs in results.items()}
+            med = benchlib.medians(times)
             cells = [f"{med[s]:6.2f} {min(times[s]):5.2f}-{max(times[s]):5.2f}" for s in ("stock", "patched")]
-            ratio = med["stock"] / med["patched"]
-            print(f"| {n:5d} | {kind:5s} | {cells[0]:>17s} | {cells[1]:>17s} | {ratio:12.2f}x |")
+            rows.append([n, kind, *cells, benchlib.ratio(med["stock"], med["patched"])])
+    benchlib.table(["N", "step", "stock", "patched", "stock/patched"], rows)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import statistics
+import os
 import sys
 import time
 import types
@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib
 import torch
 import torch._dynamo
 import torch._dynamo.config as dynamo_config
@@ -154,13 +156,6 @@ def build_guards_s() -> float:
     return sum(compilation_time_metrics.get("build_guards", []))
 
 
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
     sides = {}
     for accel in (False, True):
@@ -196,7 +191,7 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
 
     def calls_for(fn: Callable[[], Any], floor_us: float) -> int:
         fn()  # warm
-        return max(1, int(budget_us / max(per_call_us(fn, 1), floor_us)))
+        return max(1, int(budget_us / max(benchlib.per_call_us(fn, 1), floor_us)))
 
     samples: dict[str, list[float]] = {
         f"{tag}_{what}": []
@@ -210,24 +205,24 @@ def bench(kind: str, n: int, rounds: int, budget_us: float) -> dict[str, Any]:
     for _ in range(rounds):
         for tag, side in sides.items():
             side["check"]()
-            samples[f"{tag}_check"].append(per_call_us(side["check"], check_calls[tag]))
+            samples[f"{tag}_check"].append(benchlib.per_call_us(side["check"], check_calls[tag]))
     # The diff guard root used under skip_guard_eval_unsafe (stock: O(N^2) in the
     # number of no-aliasing tensors, so fewer rounds).
     diff_calls = {tag: calls_for(side["diff_check"], 0.05) for tag, side in sides.items()}
     for _ in range(max(3, rounds // 3)):
         for tag, side in sides.items():
             side["diff_check"]()
-            samples[f"{tag}_diff_check"].append(per_call_us(side["diff_check"], diff_calls[tag]))
+            samples[f"{tag}_diff_check"].append(benchlib.per_call_us(side["diff_check"], diff_calls[tag]))
     # Calls: eager and compiled back to back; the overhead is their difference.
     call_calls = {tag: calls_for(side["eager"], 1.0) for tag, side in sides.items()}
     for _ in range(rounds):
         for tag, side in sides.items():
-            eager = per_call_us(side["eager"], call_calls[tag])
-            compiled = per_call_us(side["compiled"], call_calls[tag])
+            eager = benchlib.per_call_us(side["eager"], call_calls[tag])
+            compiled = benchlib.per_call_us(side["compiled"], call_calls[tag])
             samples[f"{tag}_eager"].append(eager)
             samples[f"{tag}_compiled"].append(compiled)
             samples[f"{tag}_overhead"].append(compiled - eager)
-    out = {k: statistics.median(v) for k, v in samples.items()}
+    out: dict[str, Any] = benchlib.medians(samples)
     out["native"] = sides["accel"]["native"]
     out["stock_compile_s"] = sides["stock"]["compile_s"]
     out["accel_compile_s"] = sides["accel"]["compile_s"]

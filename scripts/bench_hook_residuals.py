@@ -6,15 +6,15 @@ all such hooks, to trace them into the graph). This measures first-call latency 
 aot_eager compile) per pattern, median of N fresh compiles, in each
 interpreter. Stock falls back to eager for output_hook_returned (no compile).
 
-    python3 scripts/bench_hook_residuals.py [--stock PY] [--patched PY] [-n N] [--rounds R]
+    python3 scripts/bench_hook_residuals.py [--stock-python PY] [--patched PY] [-n N] [--rounds R]
 """
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
 
 PATTERNS = {
     "no_hook": "def fn(x):\n    y = x * 2\n    return (y.sin() * 3).sum()\n",
@@ -54,33 +54,23 @@ print(json.dumps([t * 1e3 for t in times[1:]]))
 """
 
 
-def measure(python, src, n):
-    out = subprocess.run(
-        [python, "-c", CHILD, src, str(n)], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--stock", default="/tmp/stock/bin/python")
-    ap.add_argument("--patched", default=os.path.join(root, ".venv", "bin", "python"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchlib.add_side_args(ap)
+    ap.add_argument("--patched", default=str(benchlib.ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("-n", type=int, default=5, help="compiles per process")
     ap.add_argument("--rounds", type=int, default=3, help="alternating processes")
     args = ap.parse_args()
+    sides = benchlib.sides(args, patched=args.patched)
     total = args.n * args.rounds
     print(f"first call (Dynamo + aot_eager compile), median of {total}, ms")
-    print("| pattern | stock | patched | patched/stock |")
-    print("|---|---|---|---|")
+    rows = []
     for name, src in PATTERNS.items():
-        stock, patched = [], []
         # Alternate interpreters so machine noise hits both alike.
-        for _ in range(args.rounds):
-            stock += measure(args.stock, src, args.n)
-            patched += measure(args.patched, src, args.n)
-        s, p = statistics.median(stock), statistics.median(patched)
-        print(f"| {name} | {s:.1f} | {p:.1f} | {p / s:.2f} |")
+        runs = benchlib.run_sides(sides, ["-c", CHILD, src, args.n], args.rounds)
+        s, p = (benchlib.median([t for run in runs[side] for t in run]) for side in ("stock", "patched"))
+        rows.append([name, f"{s:.1f}", f"{p:.1f}", f"{p / s:.2f}"])
+    benchlib.table(["pattern", "stock", "patched", "patched/stock"], rows)
     sys.stdout.flush()
 
 

@@ -12,11 +12,12 @@ RootGuardManager.check(frame locals) with those guards and with them left out
 medians over repeats.
 """
 
-import statistics
+import os
 import sys
-import time
 from unittest import mock
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib
 import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -40,18 +41,6 @@ class Holder(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
-
-
-def per_call_us(fn, n):
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - start) / n * 1e6
-
-
-def median_us(fn, n, repeats=15):
-    fn()
-    return statistics.median(per_call_us(fn, n) for _ in range(repeats))
 
 
 def measure(narrow_guards):
@@ -78,8 +67,8 @@ def measure(narrow_guards):
     )
     return dict(
         guards=n_hook_guards,
-        check=median_us(lambda: root.check(f_locals), 2000),
-        call=median_us(lambda: compiled(m, x), 300),
+        check=benchlib.median_us(lambda: root.check(f_locals), 2000),
+        call=benchlib.median_us(lambda: compiled(m, x), 300),
     )
 
 
@@ -87,10 +76,13 @@ def main():
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
     without = measure(False)
     with_ = measure(True)
-    print("| | hook-dict length guards | guard check us | compiled call us |")
-    print("|---|---|---|---|")
-    for name, r in (("without the narrow guards", without), ("with (patched)", with_)):
-        print(f"| {name} | {r['guards']} | {r['check']:.2f} | {r['call']:.1f} |")
+    benchlib.table(
+        ["", "hook-dict length guards", "guard check us", "compiled call us"],
+        [
+            [name, r["guards"], f"{r['check']:.2f}", f"{r['call']:.1f}"]
+            for name, r in (("without the narrow guards", without), ("with (patched)", with_))
+        ],
+    )
 
 
 if __name__ == "__main__":

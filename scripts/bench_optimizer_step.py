@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compiled optimizer steps over many small tensors: stock torch vs the custom wheel.
 
-One run prints, side by side, unpatched torch (a separate venv: /work/stockenv, or the
-stock env `dynapatch.py upstream-tests` caches under the cache dir, or --stock-python)
+One run prints, side by side, unpatched torch (a separate venv: --stock-python, or the
+one benchlib.stock_python finds, e.g. the stock env `dynapatch.py upstream-tests` caches)
 and the custom wheel (the python running this script, normally .venv/bin/python), for
 every N and optimizer step:
 
@@ -44,19 +44,19 @@ the measure, but two processes on a 2-core machine still disturb each other).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 HERE = Path(__file__).resolve().parent
+
 KINDS = ("sgd", "adam", "adamw", "once")
 SHAPE = (4, 4)
 
@@ -312,7 +312,7 @@ def _time_floor(timeline: _Timeline, floor: Any, refresh: Any, rounds: int, call
 
 
 def _median_us(samples: list[float]) -> float:
-    return statistics.median(samples) / 1e3
+    return benchlib.median(samples) / 1e3  # from ns
 
 
 def bench_torch(
@@ -336,9 +336,7 @@ def bench_torch(
     for step in range(steps):
         _set_grads(params, step)
         frames = counter.frame_count
-        start = time.process_time()
-        compiled()
-        elapsed = time.process_time() - start
+        elapsed = benchlib.cpu_time_of(compiled)
         if step == 0:
             first = elapsed
         if counter.frame_count > frames:
@@ -486,37 +484,19 @@ def worker(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------- driver side
 
 
-def find_stock_python(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    candidates = ["/work/stockenv/bin/python"]
-    cache = os.environ.get("DYNAPATCH_CACHE_DIR", "/work/main/build/cache")
-    candidates += sorted(glob.glob(os.path.join(cache, "stockenv-*", "bin", "python")))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    raise SystemExit("no stock venv found: pass --stock-python (a venv with unpatched torch 2.13.0)")
-
-
 def run_worker(python: str, args: argparse.Namespace, jax: bool) -> dict[str, Any]:
-    cmd = [python, str(Path(__file__).resolve()), "--worker", "--sizes", *map(str, args.sizes),
-           "--kinds", *args.kinds, "--steps", str(args.steps), "--rounds", str(args.rounds),
-           "--calls", str(args.calls), "--inductor-sizes", *map(str, args.inductor_sizes)]
-    if jax:
-        cmd.append("--jax")
+    argv = benchlib.worker_argv(__file__, "--sizes", *args.sizes, "--kinds", *args.kinds, "--steps", args.steps,
+                                "--rounds", args.rounds, "--calls", args.calls,
+                                "--inductor-sizes", *args.inductor_sizes, *(["--jax"] if jax else []))
     # A fresh inductor cache per worker: a side whose graph an earlier run cached would
     # otherwise compile adam-ind in seconds while the other side compiles cold.
     cache_dir = tempfile.mkdtemp(prefix="bench-inductor-cache-")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=cache_dir)
-    print(f"[{python}]", file=sys.stderr, flush=True)
-    # stderr (the worker's progress) goes straight to ours.
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        # stderr (the worker's progress) goes straight to ours.
+        return benchlib.run_worker(python, argv, env=benchlib.worker_env(TORCHINDUCTOR_CACHE_DIR=cache_dir),
+                                   progress=True)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {python} failed ({proc.returncode})")
-    return json.loads(proc.stdout)
 
 
 def _fmt_split(r: dict[str, Any]) -> str:
@@ -592,8 +572,8 @@ def report(stock: dict[str, Any] | None, patched: dict[str, Any]) -> None:
             continue
         rows = [r for r in data["results"] if r.get("backend", "eager") == "eager"]
         if rows:
-            ratio = statistics.median(r["call_us"] / r["eager_us"] for r in rows)
-            around = statistics.median((r["before_us"] + r["after_us"]) / r["n"] * 1e3 for r in rows)
+            ratio = benchlib.median(r["call_us"] / r["eager_us"] for r in rows)
+            around = benchlib.median((r["before_us"] + r["after_us"]) / r["n"] * 1e3 for r in rows)
             print(f"  {side:<7} call/eager {ratio:4.2f}x  before+after {around:6.0f} ns/tensor")
     if patched.get("jax"):
         print()
@@ -610,8 +590,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="steady-state rounds (median)")
     parser.add_argument("--calls", type=int, default=5, help="calls per round")
     parser.add_argument("--quick", action="store_true", help="N=100 and 1000, fewer rounds")
-    parser.add_argument("--stock-python", help="python of a venv with unpatched torch")
-    parser.add_argument("--no-stock", action="store_true", help="patched side only")
+    benchlib.add_side_args(parser, no_stock=True)
     parser.add_argument("--jax", action="store_true", help="also time JAX+optax when importable")
     parser.add_argument("--inductor-sizes", type=int, nargs="*", default=None,
                         help="N of the backend=inductor Adam rows (default: 1000 if among --sizes; none: no rows)")
@@ -627,7 +606,8 @@ def main() -> None:
         worker(args)
         return
     patched = run_worker(sys.executable, args, args.jax)
-    stock = None if args.no_stock else run_worker(find_stock_python(args.stock_python), args, False)
+    stock_python = benchlib.sides(args).get("stock")
+    stock = None if stock_python is None else run_worker(stock_python, args, False)
     report(stock, patched)
 
 

@@ -61,8 +61,9 @@ compiles nothing after its 2 warm-up steps (1 graph per code object from then on
 and always: no recompile-limit hit and results "same" or "close". Recompile reasons
 (TORCH_LOGS=recompiles) of the cases that recompiled are printed below the table.
 
-Environments. --stock defaults to the cached venv with the unpatched base wheel that
-`dynapatch.py upstream-tests` uses (<cache-dir>/stockenv-<key>, created on first use);
+Environments. --stock-python (or --stock) defaults to the cached venv with the unpatched
+base wheel that `dynapatch.py upstream-tests` uses (<cache-dir>/stockenv-<key>; run
+`dynapatch.py upstream-tests` once to create it), else the stock env benchlib finds;
 --patched to .venv/bin/python. Neither env is modified: the third-party packages
 (requirements-bench.txt, exact pins) are installed once with `pip install --no-deps
 --target` into build/bench-scalar/site-<hash of that file> and put on PYTHONPATH of
@@ -92,14 +93,16 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
+ROOT = benchlib.ROOT
 REQUIREMENTS = ROOT / "requirements-bench.txt"
 WARMUP_STEPS = 2  # the counter case: steps allowed to compile (first trace, one observed change)
 
@@ -462,7 +465,7 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
         "limit_hits": sorted(limit_hits),
         "first_s": times[0],
         "compile_s": sum(t for t, c in zip(times, compiled_steps) if c),
-        "steady_ms": statistics.median(steady) * 1e3 if steady else None,
+        "steady_ms": benchlib.median(steady) * 1e3 if steady else None,
         "eager": "; ".join(differences.values()) or ("same" if max_diff == 0.0 else "close"),
         "max_diff": max_diff,
         "graphs_per_code": per_code,
@@ -478,22 +481,6 @@ def run_child(case: str, steps: int, backend: str, recompile_limit: int, strict_
 def fail_setup(message: str) -> None:
     print(f"bench_scalar_state: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-def default_stock_python(cache_dir: Path) -> Path:
-    """The stock env of `dynapatch.py upstream-tests`: base wheel + requirements-test.txt, cached."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from dplib.base import fetch_base_wheel, load_base
-    from dplib.common import DynapatchError, Project, python_exe
-    from dplib.upstream_tests import stock_venv
-
-    project = Project.at(ROOT, cache_dir)
-    try:
-        spec = load_base(project)
-        return python_exe(stock_venv(project, fetch_base_wheel(project, spec), spec.sha256))
-    except DynapatchError as e:
-        fail_setup(f"stock env: {e}")
-    raise AssertionError("unreachable")
 
 
 def packages_dir(python: Path, requirements: Path) -> Path:
@@ -518,22 +505,12 @@ def packages_dir(python: Path, requirements: Path) -> Path:
 
 
 def run_side(python: Path, case: str, steps: int, args: argparse.Namespace, pythonpath: Path | None) -> dict:
-    env = dict(os.environ)
-    env.pop("TORCH_LOGS", None)
+    env = benchlib.worker_env(threads=None)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [str(python), str(Path(__file__).resolve()), "--child", case, "--steps", str(steps),
-           "--backend", args.backend, "--recompile-limit", str(args.recompile_limit)]
-    if args.strict_imports:
-        cmd.append("--strict-imports")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"child exited {proc.returncode}", "traceback": (proc.stderr or proc.stdout)[-3000:]}
-    return json.loads(lines[-1])
+    argv = [Path(__file__).resolve(), "--child", case, "--steps", steps, "--backend", args.backend,
+            "--recompile-limit", args.recompile_limit, *(["--strict-imports"] if args.strict_imports else [])]
+    return benchlib.run_worker(str(python), argv, env=env, timeout=args.timeout, check=False)
 
 
 def verdict(case: Case, r: dict) -> tuple[str, list[str]]:
@@ -581,8 +558,7 @@ def cell(r: dict, key: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stock", type=Path, help="python of the unpatched torch 2.13.0 "
-                        "(default: the cached upstream-tests stock env under --cache-dir)")
+    benchlib.add_side_args(parser)
     parser.add_argument("--patched", type=Path, default=ROOT / ".venv" / "bin" / "python",
                         help="python of the custom wheel (default: .venv/bin/python)")
     parser.add_argument("--cache-dir", type=Path, default=ROOT / "build" / "cache",
@@ -609,11 +585,8 @@ def main() -> int:
         fail_setup(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
     if min(args.steps, args.scheduler_steps) < WARMUP_STEPS + 1:
         fail_setup(f"--steps and --scheduler-steps must be at least {WARMUP_STEPS + 1}")
-    stock = args.stock or default_stock_python(args.cache_dir.resolve())
-    sides = {"stock": stock, "patched": args.patched}
-    for label, python in sides.items():
-        if not Path(python).exists():
-            fail_setup(f"{label} interpreter {python} does not exist")
+    stock = benchlib.stock_python(args.stock_python, args.cache_dir.resolve())
+    sides = benchlib.sides(argparse.Namespace(stock_python=stock), patched=str(args.patched))
     needs_packages = any(CASES[n].package for n in names)
     site = packages_dir(Path(stock), REQUIREMENTS) if needs_packages else None
 

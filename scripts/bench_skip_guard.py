@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
 import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -127,7 +127,7 @@ def run(kind: str, n: int, steps: int, backend: str) -> dict:
             if counter.frame_count > frames:
                 compile_total += elapsed  # this step compiled
             times.append(elapsed)
-    return {"first": times[0], "total": compile_total, "steady": statistics.median(times[1:]),
+    return {"first": times[0], "total": compile_total, "steady": benchlib.median(times[1:]),
             "frames": counter.frame_count}
 
 
@@ -140,13 +140,8 @@ def warm_up(backend: str) -> None:
 
 def stock_worker(python: str, n: int, steps: int, backend: str) -> dict:
     """Case (s): case (a) run by unpatched torch's interpreter, in a fresh process."""
-    cmd = [python, str(Path(__file__).resolve()), "--worker", "--sizes", str(n), "--steps", str(steps),
-           "--backend", backend]
-    print(f"[{python}] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"stock worker {python} failed ({proc.returncode})")
-    return json.loads(proc.stdout)
+    argv = benchlib.worker_argv(__file__, "--sizes", n, "--steps", steps, "--backend", backend)
+    return benchlib.run_worker(python, argv, progress=True)
 
 
 def main() -> None:
@@ -155,8 +150,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps for (a) and (s), which recompile on each")
     parser.add_argument("--steady-steps", type=int, default=40, help="steps for (b) and (c)")
     parser.add_argument("--backend", default="eager")
-    parser.add_argument("--stock-python", help="python of a venv with unpatched torch (default: the cached one)")
-    parser.add_argument("--no-stock", action="store_true", help="leave out case (s)")
+    benchlib.add_side_args(parser, no_stock=True)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch._dynamo.config.recompile_limit = args.steps + 1  # let (a) show its recompiles
@@ -164,12 +158,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(run("s", args.sizes[0], args.steps, args.backend)))
         return
-    stock_python = None
-    if not args.no_stock:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_optimizer_step import find_stock_python
-
-        stock_python = find_stock_python(args.stock_python)
+    stock_python = benchlib.sides(args).get("stock")
     print(f"torch {torch.__version__}, backend={args.backend}, {args.steps} steps, fresh grads every step")
     print(f"{'N':>6} {'case':<30} {'1st compile s':>13} {'all compiles s':>14} {'frames':>6} {'median ms/step':>15}")
     names = {"a": "(a) plain, traced through", "b": "(b) plain + init_values_once",

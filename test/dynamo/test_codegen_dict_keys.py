@@ -220,6 +220,24 @@ class CodegenDictKeysTests(torch._dynamo.test_case.TestCase):
         # The residual bytecode loads the keys it returns one by one.
         self.assertGreater(calls_to(transformed_code(fn), "dict_keys_getitem"), 0)
 
+    def test_keys_and_values_need_no_temporary_per_key(self):
+        # Keys and values both graph inputs: each value is read from the values list,
+        # so its key is loaded once (as an input) and not kept in a temporary per key.
+        def fn(d):
+            return [k + v for k, v in d.items()]
+
+        def stores(n):
+            torch._dynamo.reset()
+            d = {torch.randn(2): torch.full((2,), float(i)) for i in range(n)}
+            cnt = CompileCounter()
+            self.assertEqual(torch.compile(fn, backend=cnt)(d), fn(d))
+            self.assertEqual(cnt.frame_count, 1)
+            code = transformed_code(fn)
+            self.assertEqual(calls_to(code, "dict_keys_getitem"), 0)
+            return sum(1 for ins in dis.get_instructions(code) if ins.opname == "STORE_FAST")
+
+        self.assertEqual(stores(8), stores(40))
+
     def test_key_order_change_recompiles(self):
         keys = [torch.randn(2) for _ in range(8)]
 

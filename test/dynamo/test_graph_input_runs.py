@@ -1,7 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Consecutive graph inputs that index one guarded list the same way are loaded with
-one slice and a C-level map before the graph (graph_input_runs.py), not with one
-subscript and one temporary per input."""
+one slice and a C-level map before the graph (PyCodegen._graph_input_runs), not with
+one subscript and one temporary per input."""
 
 import dis
 import inspect
@@ -57,6 +57,9 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(count(large, "CALL_FUNCTION_EX"), 1)
         self.assertEqual(count(large, "LIST_EXTEND"), count(small, "LIST_EXTEND"))
         self.assertEqual(count(large, "BUILD_SLICE"), 3)
+        # Passed as one list (*args), not pushed one by one: the frame's stack does
+        # not grow with N either.
+        self.assertEqual(small.co_stacksize, large.co_stacksize)
 
     def test_torch_optim(self):
         for make_opt, frames in (
@@ -183,14 +186,15 @@ class GraphInputRunsTests(torch._dynamo.test_case.TestCase):
     def test_negative_indices_are_not_a_run(self):
         # xs[-2], xs[-1] are not the slice xs[-2:0]: a source with a negative index
         # is loaded on its own.
-        from torch._dynamo import graph_input_runs
+        from torch._dynamo.codegen import PyCodegen
         from torch._dynamo.source import GetItemSource, GradSource, LocalSource
 
+        element = PyCodegen._graph_input_element
         xs = LocalSource("xs")
-        self.assertIsNone(graph_input_runs._element(None, GetItemSource(xs, -1)))
-        self.assertEqual(graph_input_runs._element(None, GetItemSource(xs, 3)), (xs, 3, ()))
+        self.assertIsNone(element(None, GetItemSource(xs, -1)))
+        self.assertEqual(element(None, GetItemSource(xs, 3)), (xs, False, 3, ()))
         self.assertEqual(
-            graph_input_runs._element(None, GradSource(GetItemSource(xs, 3), "grad")), (xs, 3, (("attr", "grad"),))
+            element(None, GradSource(GetItemSource(xs, 3), "grad")), (xs, False, 3, (("attr", "grad"),))
         )
 
     def test_short_run_loads_each_input(self):
