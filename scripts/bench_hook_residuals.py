@@ -1,10 +1,12 @@
 """Compile time of hook patterns, stock vs patched torch, side by side.
 
-A hook on an intermediate that is used in the graph now costs one extra trace
-(the residual registration is tried first, then the trace restarts once, for
-all such hooks, to trace them into the graph). This measures first-call latency (Dynamo trace +
-aot_eager compile) per pattern, median of N fresh compiles, in each
-interpreter. Stock falls back to eager for output_hook_returned (no compile).
+A hook on an intermediate that is used in the graph is traced into it, as
+without the hook patches (one trace); a hook on a tensor with no use in the
+graph (an output) costs one extra trace: it is traced first, then the trace
+restarts once, for all such hooks, to register them after the graph. This
+measures first-call latency (Dynamo trace + aot_eager compile) per pattern,
+median of N fresh compiles, in each interpreter. Stock falls back to eager for
+output_hook_returned (no compile).
 
     python3 scripts/bench_hook_residuals.py [--stock-python PY] [--patched PY] [-n N] [--rounds R]
 """

@@ -15,6 +15,7 @@ hook ran and the hooks left in the handle's dicts.
 
 import collections
 import io
+from unittest import mock
 
 import torch
 import torch._dynamo.test_case
@@ -793,11 +794,16 @@ def run_removal_compiled(kind, mode, calls=3):
 
 
 class HookResidualsTestCase(torch._dynamo.test_case.TestCase):
-    def check_matches_eager(self, fn, mode, expected_breaks, remove_first):
+    def check_matches_eager(
+        self, fn, mode, expected_breaks, remove_first, expected_frames=None
+    ):
+        # Frames: one, and one more after each graph break, unless told.
+        if expected_frames is None:
+            expected_frames = 1 + expected_breaks
         expected = run_protocol(fn, remove_first)
         seen, frames, breaks, fallbacks = run_compiled(fn, mode, remove_first)
         self.assertEqual(seen, expected)
-        self.assertGreaterEqual(frames, 1)
+        self.assertEqual(frames, expected_frames)
         self.assertEqual(breaks, expected_breaks)
         self.assertEqual(fallbacks, 0)
 
@@ -821,6 +827,39 @@ class HookResidualsTests(HookResidualsTestCase):
         for mode in MODES:
             with self.subTest(mode=mode):
                 self.check_matches_eager(intermediate_hook_returns_none, mode, 0, False)
+
+    def test_used_intermediate_is_traced_without_restart(self):
+        # Without compiled autograd, a hook on an intermediate used in the graph
+        # whose handle stays in the frame is traced into the graph as without
+        # hook residuals (upstream #172126): one trace. Before, it was
+        # registered by residual bytecode first and the trace restarted once to
+        # trace it (still so under compiled autograd).
+        from torch._dynamo.variables import hooks
+
+        with mock.patch.object(
+            hooks, "restart_with_decision", wraps=hooks.restart_with_decision
+        ) as restarts:
+            for mode in ("eager", "aot_eager"):
+                self.check_matches_eager(intermediate_dropped_handle, mode, 0, False)
+        self.assertEqual(restarts.call_count, 0)
+
+    def test_output_hook_restarts_once_to_register_after_the_graph(self):
+        # A hook on a tensor with no use in the graph is traced first; the trace
+        # restarts once, for all such hooks, to register them after the graph.
+        from torch._dynamo.variables import hooks
+
+        def two_outputs(m, x):
+            y, z = x * 2, x * 3
+            return y, z, y.register_hook(double), z.register_hook(double)
+
+        with mock.patch.object(
+            hooks, "restart_with_decision", wraps=hooks.restart_with_decision
+        ) as restarts:
+            self.check_matches_eager(two_outputs, "eager", 0, False)
+        # run_protocol calls the compiled function three times; one compile.
+        self.assertEqual(restarts.call_count, 1)
+        _, sites, decision, _ = restarts.call_args.args
+        self.assertEqual((len(sites), decision), (2, hooks.RESIDUAL))
 
     def test_intermediate_handle_is_real(self):
         # The handle of a hook on an output is the one register_hook returned at
@@ -905,7 +944,8 @@ class InputHandleTests(HookResidualsTestCase):
     @parametrize("case", ["input_hook_then_graph_break"])
     def test_input_handle_matches_eager(self, case, mode):
         fn, expected_breaks, remove_first = INPUT_HANDLE_CASES[case]
-        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
+        # The graph before the break is empty: only the resume function's.
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first, 1)
 
     def test_input_handle_is_guarded_on_its_type(self):
         # A handle from outside the frame is only passed along: a new handle
@@ -957,7 +997,8 @@ class HandleRemovalTests(HookResidualsTestCase):
     @parametrize("case", list(REMOVAL_CASES))
     def test_removal_cases_match_eager(self, case, mode):
         fn, expected_breaks, remove_first = REMOVAL_CASES[case]
-        self.check_matches_eager(fn, mode, expected_breaks, remove_first)
+        # The first call has no handle to remove; later calls compile once more.
+        self.check_matches_eager(fn, mode, expected_breaks, remove_first, 2)
 
     def test_reregister_does_not_recompile_per_handle(self):
         # Handles from outside the frame are guarded on their type, not identity.

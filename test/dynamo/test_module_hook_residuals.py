@@ -360,35 +360,99 @@ class ModuleHookResidualsTests(torch._dynamo.test_case.TestCase):
             failures[0].reason, "0/0: len(m._modules['lin']._forward_hooks) != 0"
         )
 
-    def test_handle_id_breaks(self):
-        # The id exists only once the hook is registered for real: the trace
-        # restarts and the registration runs eagerly at a graph break.
+    def test_handle_id_is_the_real_id(self):
+        # The id exists only once the hook is registered for real: it is read
+        # from the handle residual bytecode created, with no graph break.
         def fn(m, x):
             h = m.lin.register_forward_hook(add_one)
-            return m.lin(x), h.id
+            return m.lin(x), h.id, h
 
         m, ref = Holder(), Holder()
         x = torch.randn(2, 3)
-        out, hid = torch.compile(fn, backend="eager")(m, x)
+        cnt = CompileCounter()
+        out, hid, h = torch.compile(fn, backend=cnt, fullgraph=True)(m, x)
+        ref_out, _, _ = fn(ref, x)
+        self.assertEqual(out, ref_out)
+        self.assertEqual(hid, h.id)
+        self.assertEqual(list(m.lin._forward_hooks), [hid])
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_handle_id_value_breaks_at_its_use(self):
+        # Using the id's value (here arithmetic) breaks the graph there; the
+        # registration is replayed before the break, so the value is real.
+        def fn(m, x):
+            h = m.lin.register_forward_hook(add_one)
+            return m.lin(x), h.id + 1
+
+        m, ref = Holder(), Holder()
+        x = torch.randn(2, 3)
+        cnt = CompileCounter()
+        out, hid_plus_one = torch.compile(fn, backend=cnt)(m, x)
         ref_out, _ = fn(ref, x)
         self.assertEqual(out, ref_out)
-        self.assertEqual(list(m.lin._forward_hooks), [hid])
-        self.assertGraphBreak(
-            ["nn.Module hook registration whose hooks or handle are read in the frame"],
+        self.assertEqual([hid_plus_one - 1], list(m.lin._forward_hooks))
+        # The graph before the break and the resume function's.
+        self.assertEqual(cnt.frame_count, 2)
+        self.assertEqual(
+            [msg.split("\n")[0] for msg in counters["unimplemented"]],
+            ["Value of a module hook handle's id registered in the frame"],
         )
 
-    def test_user_read_of_hooks_breaks(self):
-        # Only Module.__call__ sees a pending hook while tracing; any other
-        # read makes the registration run eagerly at a graph break.
+    def test_removed_handle_is_real(self):
+        # remove() in the frame is replayed after the registration, as in
+        # eager: the returned handle is a real, removed one with its id.
+        def fn(m, x):
+            h = m.lin.register_forward_hook(add_one)
+            hid = h.id
+            h.remove()
+            return m.lin(x), h, hid
+
+        m, ref = Holder(), Holder()
+        x = torch.randn(2, 3)
+        cnt = CompileCounter()
+        out, h, hid = torch.compile(fn, backend=cnt, fullgraph=True)(m, x)
+        self.assertEqual(out, fn(ref, x)[0])
+        self.assertIsInstance(h, RemovableHandle)
+        self.assertEqual(h.id, hid)
+        self.assertEqual(len(m.lin._forward_hooks), 0)
+
+    def test_user_read_of_hooks_sees_pending_hook(self):
+        # A read of the module's hook dict through the module sees the pending
+        # hook, as in eager, with no graph break; the dict that leaves the frame
+        # is the module's real dict.
+        def fn(m, x):
+            m.h = m.lin.register_forward_hook(add_one, prepend=True)
+            hooks = m.lin._forward_hooks
+            return x * len(hooks), hooks, list(hooks.values())
+
+        m, ref = Holder(), Holder()
+        m.lin.register_forward_hook(times_ten)
+        ref.lin.register_forward_hook(times_ten)
+        x = torch.randn(2, 3)
+        cnt = CompileCounter()
+        out, hooks, values = torch.compile(fn, backend=cnt, fullgraph=True)(m, x)
+        ref_out, _, ref_values = fn(ref, x)
+        self.assertEqual(out, ref_out)
+        self.assertIs(hooks, m.lin._forward_hooks)
+        self.assertEqual(values, ref_values)
+        self.assertEqual(list(hooks)[0], m.h.id)
+
+    def test_read_outside_the_module_breaks(self):
+        # vars(m.lin) gives the dict as it is before the registration:
+        # the registration then runs eagerly at a graph break.
         def fn(m, x):
             m.h = m.lin.register_forward_hook(add_one)
-            return x * len(m.lin._forward_hooks)
+            return x * len(vars(m.lin)["_forward_hooks"])
 
         m, ref = Holder(), Holder()
         x = torch.randn(2, 3)
         self.assertEqual(torch.compile(fn, backend="eager")(m, x), fn(ref, x))
+        self.assertEqual(len(m.lin._forward_hooks), 1)
         self.assertGraphBreak(
-            ["nn.Module hook registration whose hooks or handle are read in the frame"],
+            [
+                "nn.Module hook registration whose hooks dict is read or "
+                "replaced in the frame"
+            ],
         )
 
     def test_non_constant_flag_breaks(self):

@@ -10,13 +10,13 @@ in side_effects.py). Here every handle a frame creates or receives is one
   remove before registering again, passed to a resume function). It is guarded
   on its type; its ``remove()`` is replayed after the graph, see [Deferred
   removals].
-* ``RESIDUAL_TENSOR``: ``register_hook`` on an intermediate, registered like one
-  on an input: by residual bytecode on the tensor, which becomes a graph output,
-  and the handle is the real one (``remove()`` in the frame cancels it). That is
-  exact when the tensor has no use in the graph (it is returned, or dead): its
-  gradient can only reach it through that output. See [Hooks on intermediates].
-* ``TRACED``: a hook on an intermediate used in the graph, traced into it as
-  without this module (``register_hook_op``). Its handle has no runtime value.
+* ``TRACED``: a hook on an intermediate traced into the graph as without this
+  module (``register_hook_op``). Its handle has no runtime value.
+* ``RESIDUAL_TENSOR``: a hook on an intermediate where tracing it is not exact
+  (the tensor has no use in the graph, or the handle is removed or escapes),
+  registered like one on an input: by residual bytecode on the tensor, which
+  becomes a graph output, and the handle is the real one (``remove()`` in the
+  frame cancels it). See [Hooks on intermediates].
 * ``BACKWARD_STATE``: the same under compiled autograd, where the graph calls
   the hook from the frame's BackwardState: the handle is a real
   ``BackwardStateHookHandle`` whose ``remove()`` clears the hook there.
@@ -24,19 +24,18 @@ in side_effects.py). Here every handle a frame creates or receives is one
   ``register_forward_pre_hook`` on a module with a source, registered after the
   graph by residual bytecode; see [Module hooks].
 
-Registrations and removals that residual bytecode replays (other than the tensor
-hooks upstream keeps in ``SideEffects.tensor_hooks``) are in
-``SideEffects.hook_ledger``, in program order, emitted by ``codegen_hook_ledger``.
-When one of them turns out not to be exact, the trace restarts with a decision
-for its call site in ``SpeculationLog.hook_decisions`` (``TRACE``: trace the
-tensor hook into the graph; ``GRAPH_BREAK``: break the graph at the call, which
-then runs eagerly and later code is traced in the resume function).
+Every registration and removal that residual bytecode replays is one entry of
+``SideEffects.hook_ledger`` (``HookLedgerEntry``: ``target.method(*args,
+**kwargs)``), in program order, emitted by one codegen
+(``SideEffects.codegen_hooks``). When a registration turns out not to be exact,
+the trace restarts with a decision for its call site in
+``SpeculationLog.hook_decisions`` (``RESIDUAL``: register the tensor hook
+after the graph; ``TRACE``: trace it into the graph; ``GRAPH_BREAK``: break the
+graph at the call, which then runs eagerly and later code is traced in the
+resume function).
 """
 
-import contextlib
 import enum
-import itertools
-from collections.abc import Iterator
 from typing import Any, NoReturn, TYPE_CHECKING
 
 import torch
@@ -46,6 +45,7 @@ from .. import graph_break_hints
 from ..bytecode_transformation import create_call_function
 from ..exc import RestartAnalysis, unimplemented
 from ..guards import _get_closure_vars, GuardBuilder, install_guard
+from ..side_effects import HookLedgerEntry
 from ..source import AttrSource, Source
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
@@ -67,11 +67,14 @@ class HandleOrigin(enum.Enum):
 
 
 # SpeculationLog.hook_decisions values, by call site.
+RESIDUAL = "residual"
 TRACE = "trace"
 GRAPH_BREAK = "graph_break"
 
-# node.meta key of register_hook_op / trampoline nodes: not uses of the tensor.
+# node.meta keys of register_hook_op / trampoline nodes: not uses of the
+# tensor; the call site of the register_hook (None in a subgraph).
 HOOK_REGISTRATION = "tensor_hook_registration"
+HOOK_SITE = "tensor_hook_site"
 
 
 def call_site(tx: "InstructionTranslatorBase") -> tuple[Any, ...]:
@@ -120,9 +123,6 @@ class HookHandleVariable(RemovableHandleVariable):
         "value",
         "tensor_node",
         "bw_hook_name",
-        "kind",
-        "flags",
-        "key",
         *RemovableHandleVariable._nonvar_fields,
     }
 
@@ -134,10 +134,6 @@ class HookHandleVariable(RemovableHandleVariable):
         value: RemovableHandle | None = None,
         tensor_node: torch.fx.Node | None = None,
         bw_hook_name: str | None = None,
-        module: "UnspecializedNNModuleVariable | None" = None,
-        hook: VariableTracker | None = None,
-        kind: str | None = None,
-        flags: dict[str, bool] | None = None,
         **kwargs: Any,
     ) -> None:
         if origin is not HandleOrigin.INPUT:
@@ -150,16 +146,10 @@ class HookHandleVariable(RemovableHandleVariable):
         # INPUT: the handle seen while tracing; its hooks dicts are the ones
         # whose reads must come before a deferred remove().
         self.value = value
-        # RESIDUAL_TENSOR: the hooked tensor's node.
+        # RESIDUAL_TENSOR, TRACED, BACKWARD_STATE: the hooked tensor's node.
         self.tensor_node = tensor_node
         # BACKWARD_STATE: the hook's name in the frame's BackwardState.
         self.bw_hook_name = bw_hook_name
-        # RESIDUAL_MODULE: the registration residual bytecode replays.
-        self.module = module
-        self.hook = hook
-        self.kind = kind
-        self.flags = flags
-        self.key = next(_placeholder_ids) if origin is HandleOrigin.RESIDUAL_MODULE else None
         # INPUT: whether the guard of [Deferred removals] is installed.
         self.guarded_unobserved = False
 
@@ -178,28 +168,43 @@ class HookHandleVariable(RemovableHandleVariable):
             if self.origin is HandleOrigin.INPUT:
                 return self._remove_input(tx)
             if self.origin in (HandleOrigin.TRACED, HandleOrigin.BACKWARD_STATE):
-                self._break_at_registration(tx, "handle removed")
+                # Registered after the graph, the registration is then cancelled.
+                self._restart_registration(tx, RESIDUAL, "handle removed")
             if self.origin is HandleOrigin.RESIDUAL_MODULE:
-                if self.idx != self.REMOVED:
-                    ledger = tx.output.side_effects.hook_ledger
-                    ledger[:] = [h for h in ledger if h is not self]
-                    self.idx = self.REMOVED
-                return ConstantVariable.create(None)
-            # RESIDUAL_TENSOR: upstream's removal from SideEffects.tensor_hooks.
+                return self._remove_module_hook(tx)
+            # RESIDUAL_TENSOR: upstream's removal (the ledger entry is cancelled).
         elif self.origin is HandleOrigin.RESIDUAL_MODULE:
-            _break_at_module_registration(tx, [self], f"handle.{name}")
+            refuse_module_handle_use(f"handle.{name}()")
         return super().call_method(tx, name, args, kwargs)
 
     def var_getattr(
         self, tx: "InstructionTranslatorBase", name: str
     ) -> VariableTracker:
-        if self.origin is HandleOrigin.RESIDUAL_MODULE and name != "remove":
-            _break_at_module_registration(tx, [self], f"handle.{name}")
+        if self.origin is HandleOrigin.RESIDUAL_MODULE:
+            if name == "id":
+                return PendingHookIdVariable(self)
+            if name != "remove":
+                refuse_module_handle_use(f"handle.{name}")
         return super().var_getattr(tx, name)
+
+    def _remove_module_hook(self, tx: "InstructionTranslatorBase") -> VariableTracker:
+        """Replayed after the registration, as in eager: the handle stays a real
+        (removed) RemovableHandle with its real id."""
+        side_effects = tx.output.side_effects
+        if not any(e.handle is self and not e.registers for e in side_effects.hook_ledger):
+            side_effects.record_hook_call(HookLedgerEntry(self, self, "remove"))
+        return ConstantVariable.create(None)
 
     def reconstruct(self, codegen: "PyCodegen") -> None:
         if self.origin is HandleOrigin.TRACED:
-            self._break_at_registration(codegen.tx, "handle escapes")
+            # Escapes: register it on the real tensor, after the graph if that
+            # is exact, else at a graph break.
+            assert self.tensor_node is not None
+            self._restart_registration(
+                codegen.tx,
+                GRAPH_BREAK if used_in_graph(self.tensor_node) else RESIDUAL,
+                "handle escapes",
+            )
         if self.origin is HandleOrigin.BACKWARD_STATE:
             codegen.add_push_null(
                 lambda: codegen.load_import_from(__name__, "BackwardStateHookHandle")
@@ -212,12 +217,12 @@ class HookHandleVariable(RemovableHandleVariable):
             return
         super().reconstruct(codegen)
 
-    def _break_at_registration(self, tx: Any, why: str) -> NoReturn:
-        """A traced hook's handle is removed or escapes: register it on the
-        real tensor at a graph break instead (see [Hooks on intermediates])."""
+    def _restart_registration(self, tx: Any, decision: str, why: str) -> NoReturn:
+        """A traced hook's handle is removed or escapes: register the hook on
+        the real tensor instead (see [Hooks on intermediates])."""
         if self.site is None:
             refuse_in_subgraph(why)
-        restart_with_decision(tx, [self.site], GRAPH_BREAK, why)
+        restart_with_decision(tx, [self.site], decision, why)
 
     def _remove_input(self, tx: "InstructionTranslatorBase") -> VariableTracker:
         """See [Deferred removals]."""
@@ -262,35 +267,70 @@ class HookHandleVariable(RemovableHandleVariable):
                     "its hooks in another function.",
                 ],
             )
-        if not any(h is self for h in side_effects.hook_ledger):
-            side_effects.hook_ledger.append(self)
+        if not any(e.handle is self for e in side_effects.hook_ledger):
+            side_effects.record_hook_call(HookLedgerEntry(self, self, "remove"))
         return ConstantVariable.create(None)
 
 
 # ---------------------------------------------------------------------------
 # Note [Hooks on intermediates]
-# register_hook on an intermediate first takes the residual path (handle origin
-# RESIDUAL_TENSOR, entry in SideEffects.tensor_hooks). Before the residual
-# registrations are emitted, check_residual_registrations restarts the trace,
-# once for all of them, if a hooked tensor is used in the graph (or is a view,
-# whose history an in-place op on its base could rebase): the hook must see the
-# in-graph gradient, so it is traced into the graph (decision TRACE; origin
-# TRACED, or BACKWARD_STATE under compiled autograd). If a TRACED handle then
-# escapes the frame or is removed, the trace restarts again with GRAPH_BREAK:
-# register_hook runs eagerly on the real tensor and returns a real handle, and
-# later uses of the tensor are traced in the resume function, where it is an input.
+# Without compiled autograd, register_hook on an intermediate is traced into the
+# graph as without hook residuals (register_hook_op; handle origin TRACED). That
+# is right when the tensor is used in the graph and the handle stays in the
+# frame. Otherwise the trace restarts with a decision for the call site:
+# * RESIDUAL (origin RESIDUAL_TENSOR): register the hook by residual bytecode on
+#   the tensor, which becomes a graph output, and return the real handle: when
+#   the tensor has no use in the graph (a returned or dead tensor, whose
+#   gradient can only reach it through that output; check_traced_hooks finds
+#   them before codegen), when the hook body cannot be traced, when the handle
+#   is removed in the frame (the registration is then cancelled), or when it
+#   escapes and the tensor is unused.
+# * GRAPH_BREAK: the handle escapes (or the hook body cannot be traced) and the
+#   tensor is used in the graph (or is a view, whose history an in-place op on
+#   its base could rebase): register_hook runs eagerly on the real tensor at a
+#   graph break, and later uses of the tensor are traced in the resume function,
+#   where it is an input. check_residual_registrations makes that decision for a
+#   RESIDUAL registration whose tensor turns out to be used.
+# Under compiled autograd the residual path comes first (the BackwardState
+# trampoline is wrong on a tensor that leaves the graph), and a hook whose
+# tensor is used in the graph restarts with TRACE: it is called from the
+# BackwardState (origin BACKWARD_STATE), whose handle is real
+# (BackwardStateHookHandle); only its remove() restarts (RESIDUAL: cancelled).
 
 
 def register_hook_decision(
     tx: "InstructionTranslatorBase",
-) -> tuple[tuple[Any, ...] | None, str | None]:
+) -> tuple[tuple[Any, ...] | None, str]:
     """(site, decision) of a register_hook on an intermediate; site None means
     tracing the hook as without hook residuals (inside a subgraph there is no
     graph output to use)."""
     if tx.output.current_tracer.parent is not None:
         return None, TRACE
     site = call_site(tx)
-    return site, tx.speculation_log.hook_decisions.get(site)
+    return site, tx.speculation_log.hook_decisions.get(site, _default_decision())
+
+
+def _default_decision() -> str:
+    from .. import compiled_autograd
+
+    # Without compiled autograd Dynamo traces the hook into the graph itself
+    # (register_hook_op). Compiled autograd's BackwardState trampoline on a tensor
+    # that leaves the graph does not see the gradient the user's backward gives
+    # it (hook_matrix output_* rows): there the residual path comes first.
+    return RESIDUAL if compiled_autograd.compiled_autograd_enabled else TRACE
+
+
+def traced_hook_handle(
+    origin: HandleOrigin,
+    site: tuple[Any, ...] | None,
+    hook_node: torch.fx.Node,
+    tensor_node: torch.fx.Node,
+    **kwargs: Any,
+) -> "HookHandleVariable":
+    """The handle of a hook traced into the graph by hook_node."""
+    hook_node.meta[HOOK_REGISTRATION] = True
+    hook_node.meta[HOOK_SITE] = site
+    return HookHandleVariable(origin, site, tensor_node=tensor_node, **kwargs)
 
 
 def refuse_traced_hook(name: str) -> NoReturn:
@@ -328,18 +368,40 @@ def used_in_graph(tensor_node: torch.fx.Node) -> bool:
     return False
 
 
-def check_residual_registrations(tensor_hooks: dict[int, Any], tx: Any) -> None:
+def check_traced_hooks(tx: "InstructionTranslatorBase") -> None:
+    """Before codegen: restart (once for all of them) with RESIDUAL if a hook
+    traced into the graph is on a tensor with no use in it."""
+    unused = [
+        node.meta[HOOK_SITE]
+        for node in tx.output.graph.nodes
+        if node.meta.get(HOOK_REGISTRATION)
+        and node.meta.get(HOOK_SITE) is not None
+        and not used_in_graph(node.args[0])
+    ]
+    if unused:
+        restart_with_decision(tx, unused, RESIDUAL, "tensor not used in the graph")
+
+
+def check_residual_registrations(
+    ledger: list[HookLedgerEntry], tx: "InstructionTranslatorBase"
+) -> None:
     """Before residual registrations are emitted: restart (once for all of
-    them) if a hooked intermediate is used in the graph."""
+    them) with GRAPH_BREAK if a hooked intermediate is used in the graph."""
     used = [
-        handle.site
-        for _, _, handle, _ in tensor_hooks.values()
-        if isinstance(handle, HookHandleVariable)
-        and handle.origin is HandleOrigin.RESIDUAL_TENSOR
-        and used_in_graph(handle.tensor_node)
+        e.handle.site
+        for e in ledger
+        if isinstance(e.handle, HookHandleVariable)
+        and e.handle.origin is HandleOrigin.RESIDUAL_TENSOR
+        and e.handle.tensor_node is not None
+        and used_in_graph(e.handle.tensor_node)
     ]
     if used:
-        restart_with_decision(tx, used, TRACE, "tensor used in the graph")
+        # By default (compiled autograd) trace it into the graph; if it was
+        # already found not traceable, break the graph at the registration.
+        decisions = tx.speculation_log.hook_decisions
+        for site in used:
+            decisions[site] = GRAPH_BREAK if site in decisions else TRACE
+        restart_with_decision(tx, [], GRAPH_BREAK, "tensor used in the graph")
 
 
 class BackwardStateHookHandle(RemovableHandle):
@@ -395,16 +457,24 @@ def wrap_input_handle(builder: Any, value: RemovableHandle) -> VariableTracker:
     return HookHandleVariable(HandleOrigin.INPUT, value=value, source=builder.source)
 
 
-def _deferred_removals(ledger: list[HookHandleVariable]) -> list[HookHandleVariable]:
-    return [h for h in ledger if h.origin is HandleOrigin.INPUT]
+def _deferred_removals(ledger: list[HookLedgerEntry]) -> list[HookHandleVariable]:
+    return [
+        e.handle
+        for e in ledger
+        if isinstance(e.handle, HookHandleVariable)
+        and e.handle.origin is HandleOrigin.INPUT
+    ]
 
 
 def check_hooks_dict_read(tx: "InstructionTranslatorBase", value: object) -> None:
-    """VariableBuilder is about to represent value: if it is the hooks dict of a
-    handle whose removal is deferred, restart and break the graph at remove()."""
+    """VariableBuilder is about to represent value, an object as it is before
+    the frame's replayed hook calls: if a ledger entry changes it (the hooks
+    dict of a handle whose removal is deferred, or a module hook dict a pending
+    registration adds to), restart and break the graph at that call instead."""
     if not isinstance(value, dict):
         return
-    for handle in _deferred_removals(tx.output.side_effects.hook_ledger):
+    ledger = tx.output.side_effects.hook_ledger
+    for handle in _deferred_removals(ledger):
         if any(d is value for d in handle.hooks_dicts()):
             assert handle.site is not None and handle.source is not None
             restart_with_decision(
@@ -412,6 +482,12 @@ def check_hooks_dict_read(tx: "InstructionTranslatorBase", value: object) -> Non
                 [handle.site],
                 GRAPH_BREAK,
                 f"hooks dict of {handle.source.name} read after its remove()",
+            )
+    for entry in _module_registrations(ledger):
+        names = HOOK_DICTS[entry.method]
+        if any(getattr(entry.target.value, n, None) is value for n in names):
+            _break_at_module_registration(
+                tx, [entry.handle], f"{entry.target.source}.{entry.method}"
             )
 
 
@@ -471,83 +547,141 @@ def _guard_removals_unobserved(
 # class attribute mutation. Here a registration on a module with a source is a
 # residual side effect:
 #
-# * At trace time nothing is mutated. The registration (module, hook, kind,
-#   flags) is a handle of origin RESIDUAL_MODULE in SideEffects.hook_ledger.
-# * After the graph, residual bytecode calls the real register method with the
-#   same flags, in program order, and the handle it returns is cached: every use
-#   of the handle that leaves the frame loads that real RemovableHandle. Not
-#   modelling next_id at trace time is equivalent to eager because nothing in
-#   the frame can observe it: the pending entries below are keyed by trace-time
-#   placeholders that only Module._call_impl sees, and reading the handle's id
-#   (or any attribute but remove), or the module's hook dicts anywhere else,
-#   makes the trace restart with a graph break at the registration, which then
-#   runs eagerly. The real registration increments next_id once per hook, so the
-#   ids are fresh and ordered per dict as in eager; only the relative numbering
-#   of ids across different dicts can differ from eager (module hooks of the
-#   frame are numbered before its residual tensor hooks), and no PyTorch code
-#   compares ids of different dicts.
-# * handle.remove() in the frame cancels the pending registration.
-# * A call of the module later in the same frame runs the hook, as in eager:
-#   while a registration is pending, Module._call_impl (and Dynamo's check
-#   whether a module has hooks) reads the module's hook dicts with the pending
-#   hooks in them, at the end (or at the front for prepend=True), and with the
-#   with_kwargs flag. always_call has no effect inside a compiled region and is
-#   passed on to the real registration.
+# * At trace time nothing is mutated. The registration is a ledger entry
+#   ``module.register_forward_hook(hook, prepend=..., with_kwargs=...,
+#   always_call=...)`` whose result is the handle (origin RESIDUAL_MODULE).
+# * After the graph, residual bytecode makes that call, in program order with
+#   the frame's other hook calls, and caches the RemovableHandle it returns:
+#   every use of the handle that leaves the frame (returned, stored on an
+#   attribute or in a list, a resume function's argument) loads that real
+#   handle. handle.remove() in the frame is replayed after it.
+# * The handle's id is known only at run time. While tracing it is a
+#   PendingHookIdVariable, whose value is read from the real handle wherever it
+#   leaves the frame. A read of one of the module's hook dicts through the
+#   module (Module._call_impl, Dynamo's has-hooks check, user code) sees the
+#   pending hook under that id, at the end (or at the front for prepend=True),
+#   and in the with_kwargs dict; the dict keeps its source, so a dict that
+#   leaves the frame is the real one, which by then holds the hook.
+#
+# Why this is exact: RemovableHandle.next_id only grows, so the new id is a key
+# of no dict before the registration, and equal to no id of another handle.
+# The PendingHookIdVariable is equal to itself only; every other use of its
+# value (arithmetic, ordering, formatting, a constant) is not supported by the
+# variable and breaks the graph there, which replays the registration first and
+# then passes the real id on. Any other attribute of the handle likewise breaks
+# the graph at its use. A read of the module's hook dict that does not go
+# through the module (e.g. vars(m)) comes through VariableBuilder, which sees
+# the dict as it is before the registration: check_hooks_dict_read then
+# restarts with a graph break at the registration. Registering after the frame
+# replaced the module's hook dict graph breaks at the registration (program
+# order between the ledger and attribute writes is not kept).
 #
 # Guards: the module-hook-registration-stale-results patch guards the real
 # lengths of the hook dicts a frame registers into
 # (UnspecializedNNModuleVariable.note_hook_registration), so the next call
 # recompiles with the hooks the module has by then.
 
-FORWARD = "forward"
-FORWARD_PRE = "forward_pre"
-
-# register method -> (kind, flags it accepts)
+# register method name -> the flags it accepts
 REGISTER_METHODS = {
-    torch.nn.Module.register_forward_hook: (
-        FORWARD,
-        ("prepend", "with_kwargs", "always_call"),
-    ),
-    torch.nn.Module.register_forward_pre_hook: (
-        FORWARD_PRE,
-        ("prepend", "with_kwargs"),
-    ),
+    torch.nn.Module.register_forward_hook: ("prepend", "with_kwargs", "always_call"),
+    torch.nn.Module.register_forward_pre_hook: ("prepend", "with_kwargs"),
 }
 
-# kind -> (hooks dict, with_kwargs dict)
+# register method name -> (hooks dict, with_kwargs dict)
 HOOK_DICTS = {
-    FORWARD: ("_forward_hooks", "_forward_hooks_with_kwargs"),
-    FORWARD_PRE: ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"),
-}
-
-# Trace-time keys of pending hooks in the hook dicts Module._call_impl reads.
-# Real handle ids are >= 0, so these never collide with a registered hook.
-_placeholder_ids = itertools.count(-1, -1)
-
-# The only readers that may see placeholder keys: they iterate the dicts, test
-# membership and take lengths, and never let a key leave the frame.
-_MODULE_PY = torch.nn.modules.module.__file__
-_ALLOWED_READERS = {
-    (_MODULE_PY, "_call_impl"),
-    (_MODULE_PY, "inner"),
+    "register_forward_hook": ("_forward_hooks", "_forward_hooks_with_kwargs"),
+    "register_forward_pre_hook": (
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+    ),
 }
 
 
-def register_residual(
-    module: torch.nn.Module,
-    hook: Any,
-    pre: bool,
-    prepend: bool,
-    with_kwargs: bool,
-    always_call: bool,
-) -> RemovableHandle:
-    """Called by residual bytecode after the graph: the real registration."""
-    if pre:
-        return module.register_forward_pre_hook(
-            hook, prepend=prepend, with_kwargs=with_kwargs
-        )
-    return module.register_forward_hook(
-        hook, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+class PendingHookIdVariable(VariableTracker):
+    """The id of a RemovableHandle that residual bytecode creates (origin
+    RESIDUAL_MODULE). See [Module hooks] for why identity is its only traced
+    property."""
+
+    _nonvar_fields = {"handle", *VariableTracker._nonvar_fields}
+
+    def __init__(self, handle: HookHandleVariable, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.handle = handle
+
+    def python_type(self) -> type:
+        return int
+
+    def is_python_equal(self, other: object) -> bool:
+        return isinstance(other, PendingHookIdVariable) and other.handle is self.handle
+
+    def hash_impl(self, tx: "InstructionTranslatorBase") -> tuple[int, bool]:
+        # A trace-time hash: it must not reach the output (is_fake).
+        return hash((PendingHookIdVariable, id(self.handle))), True
+
+    def richcompare_impl(
+        self, tx: "InstructionTranslatorBase", other: VariableTracker, op: str
+    ) -> VariableTracker:
+        if op in ("__eq__", "__ne__") and isinstance(other, PendingHookIdVariable):
+            return ConstantVariable.create(self.is_python_equal(other) == (op == "__eq__"))
+        refuse_pending_id_use(self, op)
+
+    def var_getattr(
+        self, tx: "InstructionTranslatorBase", name: str
+    ) -> VariableTracker:
+        refuse_pending_id_use(self, name)
+
+    def call_method(
+        self,
+        tx: "InstructionTranslatorBase",
+        name: str,
+        args: list[VariableTracker],
+        kwargs: dict[str, VariableTracker],
+    ) -> VariableTracker:
+        refuse_pending_id_use(self, name)
+
+    def reconstruct(self, codegen: "PyCodegen") -> None:
+        codegen(self.handle)
+        codegen.extend_output([codegen.create_load_attr("id")])
+
+
+def refuse_pending_id_use(id_var: VariableTracker, what: str) -> NoReturn:
+    unimplemented(
+        gb_type="Value of a module hook handle's id registered in the frame",
+        context=f"{id_var}: {what}",
+        explanation="The id of a handle Dynamo registers after the graph is "
+        "known only at run time; the graph breaks where its value is used, "
+        "after the registration.",
+        hints=["Use the handle's id after the compiled function returns."],
+    )
+
+
+# Every other object protocol slot (arithmetic, ordering, bool, str, index, ...)
+# would need the id's value: it breaks the graph instead.
+for _slot in [
+    name
+    for name in vars(VariableTracker)
+    if name.endswith("_impl") and name not in vars(PendingHookIdVariable)
+]:
+    setattr(
+        PendingHookIdVariable,
+        _slot,
+        lambda self, tx, *args, _slot=_slot, **kwargs: refuse_pending_id_use(
+            self, _slot
+        ),
+    )
+
+
+def refuse_module_handle_use(what: str) -> NoReturn:
+    unimplemented(
+        gb_type="Use of a module hook handle registered in the frame",
+        context=what,
+        explanation="Dynamo registers nn.Module forward hooks registered in "
+        "a compiled frame after the graph, so the handle exists only then: "
+        "remove() and its id are supported, other uses break the graph there.",
+        hints=[
+            "Use the handle after the compiled function returns.",
+            *graph_break_hints.SUPPORTABLE,
+        ],
     )
 
 
@@ -556,9 +690,9 @@ def _break_at_module_registration(
     registrations: list[HookHandleVariable],
     what: str,
 ) -> NoReturn:
-    """The frame reads state only a real registration has (the handle's id,
-    the module's hook dicts outside Module.__call__): trace again, and break
-    the graph at these registrations instead, so that they run eagerly."""
+    """The frame reads a module hook dict as it was before a pending
+    registration: trace again, and break the graph at these registrations
+    instead, so that they run eagerly."""
     decisions = tx.speculation_log.hook_decisions
     new = [
         h.site
@@ -566,30 +700,17 @@ def _break_at_module_registration(
         if h.site is not None and decisions.get(h.site) != GRAPH_BREAK
     ]
     if not new:
-        unimplemented(
-            gb_type="Use of a module hook handle registered in the frame",
-            context=what,
-            explanation="Dynamo registers nn.Module forward hooks registered in "
-            "a compiled frame after the graph, so the handle has no id or other "
-            "state while tracing; only remove() is supported.",
-            hints=[
-                "Use the handle after the compiled function returns.",
-                *graph_break_hints.SUPPORTABLE,
-            ],
-        )
+        refuse_module_handle_use(what)
     restart_with_decision(tx, new, GRAPH_BREAK, f"nn.Module hook registration: {what}")
 
 
-def _pending_for(
-    tx: "InstructionTranslatorBase", module: VariableTracker
-) -> list[HookHandleVariable]:
-    value = getattr(module, "value", None)
+def _module_registrations(ledger: list[HookLedgerEntry]) -> list[HookLedgerEntry]:
+    """Module hook registrations of the ledger not removed in the frame."""
+    removed = {id(e.handle) for e in ledger if not e.registers}
     return [
-        h
-        for h in tx.output.side_effects.hook_ledger
-        if h.origin is HandleOrigin.RESIDUAL_MODULE
-        and h.module is not None
-        and h.module.value is value
+        e
+        for e in ledger
+        if e.registers and e.method in HOOK_DICTS and id(e.handle) not in removed
     ]
 
 
@@ -603,7 +724,7 @@ def maybe_register(
     """Record a forward (pre-)hook registration; None: trace the method as usual."""
     from .. import config
 
-    kind, accepted = REGISTER_METHODS[fn]
+    accepted = REGISTER_METHODS[fn]
     if (
         not config.hook_residuals
         or tx.export
@@ -622,16 +743,19 @@ def maybe_register(
             hints=[*graph_break_hints.SUPPORTABLE],
         )
     site = call_site(tx)
-    if tx.speculation_log.hook_decisions.get(site) == GRAPH_BREAK:
+    side_effects = tx.output.side_effects
+    if tx.speculation_log.hook_decisions.get(site) == GRAPH_BREAK or any(
+        side_effects.has_pending_mutation_of_attr(module, name)
+        for name in HOOK_DICTS[fn.__name__]
+    ):
         unimplemented(
-            gb_type="nn.Module hook registration whose hooks or handle are read in the frame",
+            gb_type="nn.Module hook registration whose hooks dict is read or replaced in the frame",
             context=f"{module.source.name}.{fn.__name__}",
-            explanation="Later code in the frame reads the module's hook dicts "
-            "or the handle's id, which exist only once the hook is registered "
-            "for real: the registration runs eagerly at a graph break.",
+            explanation="The frame replaces the module's hook dict, or reads it "
+            "other than through the module, so Dynamo cannot defer the "
+            "registration to after the graph: it runs eagerly at a graph break.",
             hints=[
-                "Read the module's hooks or the handle's id outside the "
-                "compiled function.",
+                "Read or replace the module's hook dicts outside the compiled function.",
             ],
         )
     flags = {}
@@ -647,114 +771,54 @@ def maybe_register(
                 "the hook; Dynamo needs it as a constant bool while tracing.",
                 hints=[f"Pass {name}=True or {name}=False."],
             )
-        flags[name] = value.as_python_constant()
-    handle = HookHandleVariable(
-        HandleOrigin.RESIDUAL_MODULE,
-        site,
-        module=module,
-        hook=args[0],
-        kind=kind,
-        flags=flags,
+        flags[name] = ConstantVariable.create(value.as_python_constant())
+    handle = HookHandleVariable(HandleOrigin.RESIDUAL_MODULE, site)
+    side_effects.record_hook_call(
+        HookLedgerEntry(handle, module, fn.__name__, [args[0]], flags)
     )
-    tx.output.side_effects.hook_ledger.append(handle)
     return handle
 
 
-@contextlib.contextmanager
-def counting_hooks(tx: "InstructionTranslatorBase") -> Iterator[None]:
-    """Hook dicts read inside only have their length taken.
-
-    UnspecializedNNModuleVariable.call_function reads the module's hook dicts to
-    decide whether to inline ``forward`` directly or ``Module._call_impl``; a
-    pending registration must count there, and it cannot leak a placeholder id.
-    """
-    output = tx.output
-    saved = output.counting_module_hooks
-    output.counting_module_hooks = True
-    try:
-        yield
-    finally:
-        output.counting_module_hooks = saved
-
-
-def _allowed_reader(tx: "InstructionTranslatorBase") -> bool:
-    code = tx.f_code
-    if (code.co_filename, code.co_name) in _ALLOWED_READERS:
-        return True
-    return tx.output.counting_module_hooks
-
-
-def pending_in_dict(
+def with_pending(
     tx: "InstructionTranslatorBase",
     module: "UnspecializedNNModuleVariable",
     name: str,
-) -> list[HookHandleVariable]:
-    """Registrations pending in this frame that a read of the module's hook dict
-    ``name`` must see (with_pending adds them); [] if there are none."""
-    if module.source is None:
-        return []
-    pending = [h for h in _pending_for(tx, module) if name in HOOK_DICTS[h.kind]]
-    if not pending:
-        return []
-    if not _allowed_reader(tx) or tx.output.side_effects.has_pending_mutation_of_attr(
-        module, name
-    ):
-        _break_at_module_registration(
-            tx, list(pending), f"{module.source.name}.{name}"
-        )
-    return pending
-
-
-def with_pending(
-    hooks_vt: "ConstDictVariable", name: str, pending: list[HookHandleVariable]
+    hooks_vt: "ConstDictVariable",
 ) -> "ConstDictVariable":
-    """The hook dict as Module._call_impl must see it: the module's real hooks
-    (hooks_vt, as UnspecializedNNModuleVariable.var_getattr builds it) with the
-    pending ones added under their placeholder ids. It has no source: it is not
-    the real dict."""
+    """The module's hook dict ``name`` as the program sees it at this point:
+    the real hooks (hooks_vt, as UnspecializedNNModuleVariable.var_getattr
+    builds it) and the registrations pending in this frame, keyed by their
+    PendingHookIdVariable. It keeps the real dict's source: after the
+    residual registrations that dict holds the same entries."""
+    pending = [
+        e
+        for e in _module_registrations(tx.output.side_effects.hook_ledger)
+        if name in HOOK_DICTS[e.method] and e.target.value is module.value
+    ]
     if not pending:
         return hooks_vt
     items = dict(hooks_vt.items)
-    is_main = all(name == HOOK_DICTS[h.kind][0] for h in pending)
-    for h in pending:
-        assert h.flags is not None and h.hook is not None
-        if is_main:
-            entry = {ConstantVariable.create(h.key): h.hook}
-        elif h.flags["with_kwargs"]:
-            entry = {ConstantVariable.create(h.key): ConstantVariable.create(True)}
+    for e in pending:
+        key = PendingHookIdVariable(e.handle)
+        flag = e.kwargs
+        if name == HOOK_DICTS[e.method][0]:
+            entry = {key: e.args[0]}
+        elif flag["with_kwargs"].as_python_constant():
+            entry = {key: ConstantVariable.create(True)}
         else:
             continue
-        if is_main and h.flags["prepend"]:
+        if flag["prepend"].as_python_constant():
             items = {**entry, **items}
         else:
             items.update(entry)
-    return hooks_vt.clone(items=items, source=None)
+    return hooks_vt.clone(items=items)
 
 
 # ---------------------------------------------------------------------------
-# The ledger: replayed registrations and removals, in program order.
+# The ledger, before its codegen (SideEffects.codegen_hooks).
 
 
-def codegen_hook_ledger(ledger: list[HookHandleVariable], cg: "PyCodegen") -> None:
+def check_ledger(ledger: list[HookLedgerEntry], cg: "PyCodegen") -> None:
+    check_traced_hooks(cg.tx)
+    check_residual_registrations(ledger, cg.tx)
     _guard_removals_unobserved(_deferred_removals(ledger), cg)
-    for handle in ledger:
-        if handle.origin is HandleOrigin.INPUT:
-            cg(handle)
-            cg.load_method("remove")
-            cg.call_method(0)
-            cg.pop_top()
-            continue
-        assert handle.origin is HandleOrigin.RESIDUAL_MODULE and handle.flags
-        cg.add_push_null(lambda: cg.load_import_from(__name__, "register_residual"))
-        cg(handle.module)
-        cg(handle.hook)
-        for value in (
-            handle.kind == FORWARD_PRE,
-            handle.flags["prepend"],
-            handle.flags["with_kwargs"],
-            handle.flags.get("always_call", False),
-        ):
-            cg(ConstantVariable.create(value))
-        cg.extend_output(create_call_function(6, False))
-        # Later uses of the handle (returned, stored, resume arguments) load it.
-        cg.add_cache(handle)
