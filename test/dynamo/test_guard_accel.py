@@ -98,9 +98,12 @@ from torch._dynamo import _guard_accel as ext
 t = torch.randn(2)
 def rec(locator=0, key=None, tensor=t, sizes=(2,), strides=(1,), marks=None, aliasing=False, name="xs[0]", *grad):
     return (locator, key, tensor, sizes, strides, marks, aliasing, name, *grad)
-def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None):
+def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None, parts="default"):
     elements = [rec()] if elements is None else elements
-    return ext.make_tensor_container_guard(kind, name, dict_type, keys, elements, group)
+    parts = ["xs_guard(L['xs'])"] if parts == "default" else parts
+    return ext.make_tensor_container_guard(kind, name, dict_type, keys, elements, group, parts)
+def ident(bases, pairs, parts="default"):
+    return ext.make_object_identity_guard(bases, pairs, [] if parts == "default" else parts)
 results = {}
 for label, stmt in json.load(sys.stdin):
     print("running", label, file=sys.stderr, flush=True)
@@ -349,18 +352,21 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
         big = 2**70
         cases = {
             # TensorAliasingGroup / TensorAliasingSlot
-            "add_tensor surrogate": ('ext.TensorAliasingGroup().add_tensor("\\ud800")', "UnicodeEncodeError"),
-            "add_tensor int": ("ext.TensorAliasingGroup().add_tensor(1)", "TypeError"),
-            "add_tensor None": ("ext.TensorAliasingGroup().add_tensor(None)", "TypeError"),
-            "add_tensor no args": ("ext.TensorAliasingGroup().add_tensor()", "TypeError"),
-            "add_tensor two args": ('ext.TensorAliasingGroup().add_tensor("a", "b")', "TypeError"),
-            "group with args": ("ext.TensorAliasingGroup(1)", "TypeError"),
+            "add_tensor surrogate": ('ext.TensorAliasingGroup([]).add_tensor("\\ud800", [])', "UnicodeEncodeError"),
+            "add_tensor int": ("ext.TensorAliasingGroup([]).add_tensor(1, [])", "TypeError"),
+            "add_tensor None": ("ext.TensorAliasingGroup([]).add_tensor(None, [])", "TypeError"),
+            "add_tensor no args": ("ext.TensorAliasingGroup([]).add_tensor()", "TypeError"),
+            "add_tensor parts not a list": ('ext.TensorAliasingGroup([]).add_tensor("a", ("x",))', "TypeError"),
+            "add_tensor three args": ('ext.TensorAliasingGroup([]).add_tensor("a", [], [])', "TypeError"),
+            "group without parts": ("ext.TensorAliasingGroup()", "TypeError"),
+            "group parts not a list": ("ext.TensorAliasingGroup(1)", "TypeError"),
+            "group two args": ("ext.TensorAliasingGroup([], [])", "TypeError"),
             "group with kwargs": ("ext.TensorAliasingGroup(x=1)", "TypeError"),
             "slot constructed": ("ext.TensorAliasingSlot()", "TypeError"),
-            "slot no args": ('ext.TensorAliasingGroup().add_tensor("a")()', "TypeError"),
-            "slot two args": ('ext.TensorAliasingGroup().add_tensor("a")(t, t)', "TypeError"),
-            "slot kwargs": ('ext.TensorAliasingGroup().add_tensor("a")(x=t)', "TypeError"),
-            "group explain any args": ("assert ext.TensorAliasingGroup().explain(1, None) is True", "no exception"),
+            "slot no args": ('ext.TensorAliasingGroup([]).add_tensor("a", [])()', "TypeError"),
+            "slot two args": ('ext.TensorAliasingGroup([]).add_tensor("a", [])(t, t)', "TypeError"),
+            "slot kwargs": ('ext.TensorAliasingGroup([]).add_tensor("a", [])(x=t)', "TypeError"),
+            "group explain any args": ("assert ext.TensorAliasingGroup([]).explain(1, None) is True", "no exception"),
             # TensorContainerGuard calls
             "guard constructed": ("ext.TensorContainerGuard()", "TypeError"),
             "guard no args": ("make()()", "TypeError"),
@@ -385,12 +391,14 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "kind unknown": ('make(kind="set")', "ValueError"),
             "name surrogate": ('make(name="x\\udcff")', "UnicodeEncodeError"),
             "name None": ("make(name=None)", "TypeError"),
-            "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None)", "TypeError"),
+            "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None, [])", "TypeError"),
             "elements tuple": (
-                "ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None)",
+                "ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None, [])",
                 "TypeError",
             ),
             "too few arguments": ("ext.make_tensor_container_guard('list', 'xs')", "TypeError"),
+            "verbose_code_parts None": ("make(parts=None)", "TypeError"),
+            "verbose_code_parts a tuple": ("make(parts=('a',))", "TypeError"),
             "element a list": ("make(elements=[list(rec())])", "TypeError"),
             "element None": ("make(elements=[None])", "TypeError"),
             "element too short": ("make(elements=[rec()[:3]])", "ValueError"),

@@ -203,7 +203,7 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
         ext = guard_accel.extension()
         t = torch.randn(2)
         record = (0, "a", t, [2], [1], None, False, "d[k]['a']")
-        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None)
+        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None, [])
         self.assertTrue(guard({"k": {"a": t, "b": 1}}))
         self.assertFalse(guard({"k": {"b": 1, "a": t}}))
         self.assertFalse(guard({"k": {"a": t}}))
@@ -217,11 +217,11 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
             "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]",
         )
         with self.assertRaisesRegex(ValueError, "position without records"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None, [])
         with self.assertRaisesRegex(ValueError, "missing from the inner keys"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None, [])
         with self.assertRaisesRegex(TypeError, "exact str"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None, [])
 
     def test_grads_alone_join_the_aliasing_group(self):
         # Only Parameters (exempt from no-aliasing) and their grads: the group
@@ -481,13 +481,13 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
     def test_identity_record_argument_is_validated(self):
         ext = guard_accel.extension()
         t = torch.randn(2)
-        group = ext.TensorAliasingGroup()
+        group = ext.TensorAliasingGroup([])
         with self.assertRaisesRegex(ValueError, "takes no marks and no aliasing"):
             ext.make_tensor_container_guard(
-                "list", "xs", list, None, [(0, None, t, None, None, None, True, "xs[0]")], group
+                "list", "xs", list, None, [(0, None, t, None, None, None, True, "xs[0]")], group, []
             )
         guard = ext.make_tensor_container_guard(
-            "list", "xs", list, None, [(0, None, t, None, None, None, False, "xs[0]")], group
+            "list", "xs", list, None, [(0, None, t, None, None, None, False, "xs[0]")], group, []
         )
         self.assertTrue(guard([t]))
         self.assertFalse(guard([t.clone()]))
@@ -744,13 +744,15 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
 
     def test_construction_and_calls_raise_python_errors(self):
         big = 2**70
-        ident = "ext.make_object_identity_guard"
+        ident = "ident"
         ok_base = '(None, [(True, "params")], False)'
         ok_pair = '(0, 0, 0, 1, "a is b")'
         cases = {
             "bases None": (f"{ident}(None, [])", "TypeError"),
             "pairs None": (f"{ident}([], None)", "TypeError"),
-            "one argument": (f"{ident}([])", "TypeError"),
+            "one argument": ("ext.make_object_identity_guard([])", "TypeError"),
+            "two arguments": ("ext.make_object_identity_guard([], [])", "TypeError"),
+            "verbose_code_parts None": (f"{ident}([], [], None)", "TypeError"),
             "base a list": (f'{ident}([[None, [], False]], [])', "TypeError"),
             "base too short": (f"{ident}([(None, [])], [])", "ValueError"),
             "base name an int": (f"{ident}([(1, [], False)], [])", "ValueError"),
