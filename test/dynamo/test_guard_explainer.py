@@ -70,12 +70,7 @@ class GuardExplainerTests(torch._dynamo.test_case.TestCase):
             """\
 Guards of forward (test_guard_explainer.py:20): 1 cache entry
 cache entry 0:
-  50 guards on 6 objects: tensor bookkeeping 15, type 11, identity 9, contents 5, global state 4, tensor 3, aliasing 2, relation 1
-    self.layer: 15 guards
-        type of 2 objects
-        contents (1 key/length check)
-        tensor metadata of 2 Parameters (all float32): dtype, device, shape, stride, requires_grad; all dims static
-        10 dynamic-dim marker checks
+  38 guards on 7 objects: type 11, identity 9, contents 5, global state 4, tensor 3, tensor bookkeeping 3, aliasing 2, relation 1
     <globals and imports>: 13 guards
         identity of 9 objects
         type of 4 objects
@@ -83,14 +78,20 @@ cache entry 0:
         type of 4 objects
         contents (4 key/length checks)
         2 same-object checks (e.g. self.__dict__['_modules'] is self._modules)
-    x: 6 guards
-        tensor metadata of 1 Tensor (dtype float32): dtype, device, shape, stride, requires_grad; all dims static
-        5 dynamic-dim marker checks
+    self.layer: 7 guards
+        type of 2 objects
+        contents (1 key/length check)
+        tensor metadata of 2 Parameters (all float32): dtype, device, shape, stride, requires_grad; all dims static
+        2 dynamic-dim marker checks
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
-    self.step: 2 guards  [scalar place: SymInt]
-        type of 1 object
-        relation: -9223372036854775808 <= self.step <= 9223372036854775806""",  # noqa: E501
+    x: 2 guards
+        tensor metadata of 1 Tensor (dtype float32): dtype, device, shape, stride, requires_grad; all dims static
+        1 dynamic-dim marker check
+    <relations between inputs>: 1 guard
+        relation: -9223372036854775808 <= self.step <= 9223372036854775806
+    self.step: 1 guard  [scalar place: SymInt]
+        type of 1 object""",  # noqa: E501
             skip=1,
         )
 
@@ -100,11 +101,11 @@ cache entry 0:
         self.assertExpectedInline(explain(fn), """\
 Guards of add_all (test_guard_explainer.py:48): 1 cache entry
 cache entry 0:
-  24 guards on 2 objects: tensor bookkeeping 16, global state 4, tensor 3, type 1
-    d: 20 guards
+  12 guards on 2 objects: tensor bookkeeping 4, global state 4, tensor 3, type 1
+    d: 8 guards
         type of 1 object
         tensor metadata of 3 Tensors (all float32): dtype, device, shape, stride, requires_grad; all dims static
-        15 dynamic-dim marker checks, 1 no-aliasing check
+        3 dynamic-dim marker checks, 1 no-aliasing check
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes""", skip=1)
 
@@ -180,17 +181,20 @@ tensor metadata of 3 Tensors (2 float32, 1 int64): dtype, device, shape, stride,
 tensor metadata of 1 Tensor (dtype float64): dtype, device, shape, stride, requires_grad; all dims static""")
 
     def test_guard_classes_are_named_in_words(self):
-        from torch._dynamo.guard_explainer import _summarise, GuardLine
+        from torch._dynamo.guard_explainer import _leaf_category, _summarise, GuardLeaf
 
-        lines = [
-            GuardLine("L['x']", "DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)", ""),
-            GuardLine("L['x']", "DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)", ""),
-            GuardLine("L['x']", "DUAL_LEVEL_MATCH", "___check_dual_level(0)", ""),
-            GuardLine("L['x']", "SOME_FUTURE_GUARD", "f(x)", ""),
+        def leaf(kind, code):
+            return GuardLeaf("L['x']", kind, _leaf_category(kind, None, False), code)
+
+        leaves = [
+            leaf("DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)"),
+            leaf("DISPATCH_KEY_SET_MATCH", "___check_dispatch_key_set(x)"),
+            leaf("DUAL_LEVEL_MATCH", "___check_dual_level(0)"),
+            leaf("SOME_FUTURE_GUARD", "f(x)"),
             # A bool flag's guard is a value check, not a constant verdict.
-            GuardLine("L['x']", "FALSE_MATCH", "L['x'].flag == False", ""),
+            leaf("FALSE_MATCH", "L['x'].flag == False"),
         ]
-        self.assertExpectedInline("\n".join(_summarise("x", lines, {})), """\
+        self.assertExpectedInline("\n".join(_summarise("x", leaves, {})), """\
 x: 5 guards
     value: x.flag == False
     2 dispatch key set checks, 1 forward-AD dual level check, 1 some future check""")
@@ -369,14 +373,14 @@ class NativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
             """\
 Guards of total (test_guard_explainer.py:52): 1 cache entry
 cache entry 0:
-  10 guards on 3 objects: global state 4, accelerated container 2, tensor bookkeeping 2, type 1, contents 1
+  8 guards on 3 objects: global state 4, type 1, contents 1, accelerated container 1, tensor bookkeeping 1
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
-    xs: 4 guards  [accelerated container guard]
+    xs: 3 guards  [accelerated container guard]
         tensor metadata of 1000 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)
         type of 1 object
         contents (1 key/length check)
-    <no-aliasing check>: 2 guards
+    <no-aliasing check>: 1 guard
         one native no-aliasing check over 1000 tensors""",  # noqa: E501
             skip=1,
         )
@@ -423,23 +427,23 @@ class NestedNativeGuardExplainerTests(torch._dynamo.test_case.TestCase):
             """\
 Guards of step (test_guard_explainer.py:39): 1 cache entry
 cache entry 0:
-  24 guards on 6 objects: accelerated container 6, contents 5, global state 4, type 3, identity 3, tensor bookkeeping 2, value 1
-    self.param_groups: 9 guards  [init_values_once[self.param_groups], accelerated container guard]
+  20 guards on 6 objects: contents 5, global state 4, type 3, accelerated container 3, identity 3, value 1, tensor bookkeeping 1
+    self.param_groups: 8 guards  [init_values_once[group], init_values_once[self.param_groups], accelerated container guard]
         tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 tensor metadata)
         type of 2 objects
         contents (4 key/length checks)
         value: self.param_groups[0]['lr'] == 0.1
     <global state>: 4 guards
         grad mode, autocast, default device, torch function modes
-    self: 4 guards  [init_values_once[self.state], accelerated container guard]
+    <globals and imports>: 3 guards
+        identity of 3 objects
+    self: 3 guards  [accelerated container guard]
         200 same-object checks in one native ObjectIdentityGuard (e.g. self.param_groups[0]['params'][0] is list(dict.keys(self.state))[0])
         type of 1 object
         contents (1 key/length check)
-    <globals and imports>: 3 guards
-        identity of 3 objects
-    <no-aliasing check>: 2 guards
+    <no-aliasing check>: 1 guard
         one native no-aliasing check over 400 tensors
-    self.state: 2 guards  [init_values_once[self.state], accelerated container guard]
+    self.state: 1 guard  [init_values_once[self.state], accelerated container guard]
         tensor metadata of 200 tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, shape, stride, requires_grad, identity), with the .grad of 200 of them (200 None), and the keys in order of the 200 dicts holding them""",  # noqa: E501
             skip=1,
         )
