@@ -73,11 +73,14 @@ struct GuardDebugInfo {
       : GuardDebugInfo(result, num_guards_executed) {
     // Reasons embed repr()s: decoded with "replace", never failing on bytes
     // that are not UTF-8 (in-tree: verbose_code_parts.append(failed_reason)).
-    verbose_code_parts.append(py::reinterpret_steal<py::object>(
-        PyUnicode_DecodeUTF8(
-            failed_reason.data(),
-            static_cast<Py_ssize_t>(failed_reason.size()),
-            "replace")));
+    PyObject* reason = PyUnicode_DecodeUTF8(
+        failed_reason.data(),
+        static_cast<Py_ssize_t>(failed_reason.size()),
+        "replace");
+    if (reason == nullptr) {
+      throw py::error_already_set();
+    }
+    verbose_code_parts.append(py::reinterpret_steal<py::object>(reason));
   }
 
   bool result;

@@ -98,7 +98,6 @@ PyObject* instance_dict(PyObject* obj) {
 }
 } // namespace
 
-
 // The dimension-marking attributes can only come from the instance __dict__ as
 // long as the tensor types do not define them; verify that once per type
 // version, not per tensor.

@@ -16,7 +16,6 @@
 namespace dynapatch {
 namespace {
 
-
 struct GuardObject {
   PyObject_HEAD vectorcallfunc vectorcall;
   TensorContainerGuard* guard;

@@ -583,10 +583,10 @@ class TensorContainerPlan:
         names = builder.no_tensor_aliasing_names
         if group.num_tensors() + len(names) <= 1:
             return  # a single tensor cannot alias; the group stays unused
-        for name, manager in zip(names, builder.no_tensor_aliasing_guard_managers):
-            slot = group.add_tensor(
-                name, [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"]
-            )
+        for i, (name, manager) in enumerate(zip(names, builder.no_tensor_aliasing_guard_managers)):
+            var = f"___tensor_aliasing_slot_{i}"
+            slot = group.add_tensor(name, [f"{var}  # records {name} for the no-aliasing check"])
+            self.closure_vars[var] = slot
             add_native_guard(builder, manager, slot, None)
         self.closure_vars["___tensor_aliasing_group"] = group
         parts = group.verbose_code_parts()
