@@ -230,7 +230,7 @@ class TensorContainerGuardTests(ContainerTestCase):
 - 0/0: xs[417]: _dynamo_dynamic_indices was set after compilation
 -   => object xs, tensor xs[417]: _dynamo_dynamic_indices was set after compilation
 - 0/0: xs[3] and xs[417] are the same tensor, but the graph was compiled for distinct tensors
--   => object xs: xs[3] and xs[417] are the same tensor now""", skip=1)
+-   => object xs: xs[3] and xs[417] are the same tensor now""", skip=1)  # noqa: E501
         self.assertEqual(cnt.frame_count, 1)
 
         # Every failure above is a real guard failure: it recompiles.
@@ -254,7 +254,7 @@ class TensorContainerGuardTests(ContainerTestCase):
             m.ps[17] = torch.nn.Parameter(torch.randn(5))
         self.assertExpectedInline(self.recompile_reason(compiled, (2.0,)), """\
 - 0/0: self._modules['ps']._parameters['17']: size[0] changed 4 -> 5 (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)
--   => object self.ps, tensor self._modules['ps']._parameters['17']: size[0] changed 4 -> 5 (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)""", skip=1)
+-   => object self.ps, tensor self._modules['ps']._parameters['17']: size[0] changed 4 -> 5 (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)""", skip=1)  # noqa: E501
 
     def test_dict_key_order_guarded(self):
         d = {f"t{i}": torch.randn(4) for i in range(64)}

@@ -210,7 +210,7 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
         opt.state[params[4]]["step"] = 1
         self.assertExpectedInline(self.recompile_reason(compiled), """\
 - 0/0: self.state[list(dict.keys(self.state))[4]]['momentum_buffer']: the dict holding it changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']
--   => object self.state, tensor self.state[list(dict.keys(self.state))[4]]['momentum_buffer']: the dict holding it changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']""", skip=1)
+-   => object self.state, tensor self.state[list(dict.keys(self.state))[4]]['momentum_buffer']: the dict holding it changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']""", skip=1)  # noqa: E501
 
     def test_inner_keys_argument_is_validated(self):
         ext = guard_accel.extension()

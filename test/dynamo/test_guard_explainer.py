@@ -123,7 +123,7 @@ cache entry 0:
 | TENSOR_MATCH: check_tensor(L['d']['scale'], Tensor, DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU), torch.float32, device=None, requires_grad=False, size=[3], stride=[1])
 | DIMENSION_DYNAMIC_MARKING_GUARD: hasattr(L['d']['scale'], '_dynamo_dynamic_indices') == False
 | TENSOR_MATCH: check_tensor(L['d']['weight'], Tensor, DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU), torch.float32, device=None, requires_grad=False, size=[3], stride=[1])
-| DIMENSION_DYNAMIC_MARKING_GUARD: hasattr(L['d']['weight'], '_dynamo_dynamic_indices') == False""", skip=1)
+| DIMENSION_DYNAMIC_MARKING_GUARD: hasattr(L['d']['weight'], '_dynamo_dynamic_indices') == False""", skip=1)  # noqa: E501
 
     def test_command_line_explains_a_script(self):
         import subprocess
@@ -254,7 +254,7 @@ x: 5 guards
         finally:
             torch._logging.set_logs()
         message = "\n".join(r.getMessage() for r in logs.records if "Recompiling" in r.getMessage())
-        self.assertExpectedInline(textwrap.dedent(message.split("guard failure(s):\n", 1)[1]), """- 0/0: Cache line invalidated because L['c'] got deallocated""", skip=1)
+        self.assertExpectedInline(textwrap.dedent(message.split("guard failure(s):\n", 1)[1]), """- 0/0: Cache line invalidated because L['c'] got deallocated""", skip=1)  # noqa: E501
 
     def test_explanation_of_length_and_value_guards(self):
         from torch._dynamo.guard_explainer import describe_guard_failure
@@ -283,7 +283,7 @@ object xs, tensor xs[417]: dtype changed float32 -> float64
 object d: d key at position 3 changed 't3' -> 'zz'
 object self.state, tensor self.state[list(dict.keys(self.state))[4]]['buf']: the dict holding it changed keys ['buf'] -> []
 object xs: xs[3] and xs[417] are the same tensor now
-object self.param_groups: self.param_groups[0]['params'][7] is no longer list(dict.keys(self.state))[7]""", skip=1
+object self.param_groups: self.param_groups[0]['params'][7] is no longer list(dict.keys(self.state))[7]""", skip=1  # noqa: E501
         )
         # an item behind a non-constant key (Dynamo's list(dict.keys(d))[i]), read by identity
         key = object()
@@ -338,7 +338,8 @@ object self.param_groups: self.param_groups[0]['params'][7] is no longer list(di
         self.assertExpectedInline(textwrap.dedent(message.split("guard failure(s):\n", 1)[1]), """\
 - 0/0: len(d) != 1
 -   => object d: length of d changed 1 -> 2""", skip=1)
-        self.assertExpectedInline(textwrap.dedent(plain.split("guard failure(s):\n", 1)[1]), """- 0/0: len(d) != 1""", skip=1)
+        plain_reasons = textwrap.dedent(plain.split("guard failure(s):\n", 1)[1])
+        self.assertExpectedInline(plain_reasons, """- 0/0: len(d) != 1""", skip=1)
 
     def test_explanation_reads_values_without_user_code(self):
         from torch._dynamo.guard_explainer import describe_guard_failure

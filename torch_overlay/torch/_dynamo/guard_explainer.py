@@ -390,6 +390,16 @@ _TENSOR_FAILURE = re.compile(
     r"tensor '(?P<src>.+?)' (?P<field>[\w ]+?) mismatch(?: at index (?P<index>\d+))?\. "
     r"expected (?P<old>.+?), actual (?P<new>[^\n]+)"
 )
+# Reasons of native guards (torch._dynamo._guard_accel): "<element>: <field> changed
+# <old> -> <new>" and the like, "<a> and <b> are the same tensor, ...", "<a> is <b>
+# failed: ...".
+_NATIVE_REASON = re.compile(
+    r"(?P<src>\S.*?): (?P<what>(?:[\w ]+|size\[\d+\]|stride\[\d+\]) changed .+|the dict holding it changed .+"
+    r"|is None, expected a tensor|is a tensor, expected None|missing from the container|is another object than .+"
+    r"|_dynamo_\w+ (?:is not a subset of|was set after) .+)"
+)
+_SAME_TENSOR = re.compile(r"(?P<a>\S.*?) and (?P<b>\S.*?) are the same tensor, but .+")
+_NOT_IDENTICAL = re.compile(r"(?P<a>\S.*?) is (?P<b>\S.*?) failed: the objects are no longer identical")
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[[^\]]*\])*")
 _STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(-?\d+|'[^'\\]*'|\"[^\"\\]*\")\]")
 _UNAVAILABLE = "<unavailable>"
@@ -454,6 +464,11 @@ def _resolve(expression: str, scope: dict[str, Any]) -> Any:
         return _MISSING
     value, pos = scope[match.group(0)], match.end()
     while pos < len(expression):
+        if expression.startswith("[list(dict.keys(", pos):
+            value, pos = _item_by_key_position(value, expression, pos, scope)
+            if value is _MISSING:
+                return _MISSING
+            continue
         step = _STEP.match(expression, pos)
         if step is None:
             return _MISSING
@@ -472,6 +487,28 @@ def _resolve(expression: str, scope: dict[str, Any]) -> Any:
             return _MISSING
         pos = step.end()
     return value
+
+
+def _item_by_key_position(container: Any, expression: str, pos: int, scope: dict[str, Any]) -> tuple[Any, int]:
+    """container[list(dict.keys(d))[i]] (a step from `pos`, Dynamo's source of a dict
+    item behind a non-constant key, e.g. an optimizer's state of a parameter), and the
+    position after it. The key is found by position and the item by identity: no
+    __hash__ or __eq__ of the user's runs. (_MISSING, pos) when it cannot be read so."""
+    depth, end = 0, pos
+    for end in range(pos, len(expression)):
+        depth += {"[": 1, "]": -1}.get(expression[end], 0)
+        if depth == 0:
+            break
+    inner = re.fullmatch(r"list\(dict\.keys\((?P<d>.+)\)\)\[(?P<i>\d+)\]", expression[pos + 1:end])
+    if depth != 0 or inner is None or not issubclass(type(container), dict):
+        return _MISSING, pos
+    keys_of = _resolve(inner["d"], scope)
+    index = int(inner["i"])
+    if not issubclass(type(keys_of), dict) or index >= dict.__len__(keys_of):
+        return _MISSING, pos
+    key = list(dict.keys(keys_of))[index]
+    found = next((v for k, v in dict.items(container) if k is key), _MISSING)
+    return found, end + 1
 
 
 def _safe_repr(value: Any, depth: int = 0) -> str:
@@ -533,9 +570,18 @@ def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
         field = tensor["field"] + (f"[{tensor['index']}]" if tensor["index"] else "")
         return f"object {user_object(src)}, tensor {src}: {field} changed {tensor['old']} -> {tensor['new']}"
     code = reason.split("\n", 1)[0].split("  #", 1)[0].strip()
-    native = re.fullmatch(r"(?P<src>[A-Za-z_][\w.\[\]']*): (?P<what>.+ changed .+)", code)
-    if native:  # a TensorContainerGuard's own explanation
-        return f"object {user_object(native['src'])}, tensor {native['src']}: {native['what']}"
+    native = _NATIVE_REASON.fullmatch(code)
+    if native:  # a native guard's own reason names the element (or container) and the field
+        src, what = native["src"], native["what"]
+        if what.startswith(("key at position ", "length changed ", "type changed to ")):
+            return f"object {user_object(src)}: {src} {what}"
+        return f"object {user_object(src)}, tensor {src}: {what}"
+    same = _SAME_TENSOR.fullmatch(code)
+    if same:
+        return f"object {user_object(same['a'])}: {same['a']} and {same['b']} are the same tensor now"
+    identical = _NOT_IDENTICAL.fullmatch(code)
+    if identical:
+        return f"object {user_object(identical['a'])}: {identical['a']} is no longer {identical['b']}"
     code = re.sub(r", type=<class '[^']*'>$", "", code)  # TYPE_MATCH / ID_MATCH suffix
     checks = (
         (r"len\((?P<src>.+)\) == (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len"),
