@@ -50,24 +50,93 @@ inline void set_python_error_from_current_exception() noexcept {
     return retval;                             \
   }
 
-// What torch/csrc/dynamo/guards.cpp's GuardDebugInfo carries for a leaf guard.
+// torch/csrc/dynamo/guards.cpp's GuardDebugInfo: the result, the verbose code
+// parts of the failed guard (or the one failure reason), and how many guards
+// ran. Same members and constructors, so the guard classes port as they are.
 struct GuardDebugInfo {
-  explicit GuardDebugInfo(bool result) : result(result) {}
-  GuardDebugInfo(bool result, std::string failure_reason)
-      : result(result), failure_reason(std::move(failure_reason)) {}
+  GuardDebugInfo(
+      bool result,
+      py::list verbose_code_parts,
+      int num_guards_executed)
+      : result(result),
+        verbose_code_parts(std::move(verbose_code_parts)),
+        num_guards_executed(num_guards_executed) {}
+
+  // This constructor is used when guard succeeds.
+  GuardDebugInfo(bool result, int num_guards_executed)
+      : result(result), num_guards_executed(num_guards_executed) {}
+
+  GuardDebugInfo(
+      bool result,
+      const std::string& failed_reason,
+      int num_guards_executed)
+      : GuardDebugInfo(result, num_guards_executed) {
+    // Reasons embed repr()s: decoded with "replace", never failing on bytes
+    // that are not UTF-8 (in-tree: verbose_code_parts.append(failed_reason)).
+    PyObject* reason = PyUnicode_DecodeUTF8(
+        failed_reason.data(),
+        static_cast<Py_ssize_t>(failed_reason.size()),
+        "replace");
+    if (reason == nullptr) {
+      throw py::error_already_set();
+    }
+    verbose_code_parts.append(py::reinterpret_steal<py::object>(reason));
+  }
+
   bool result;
-  std::string failure_reason; // empty when result is true
-  int num_guards_executed = 1;
+  py::list verbose_code_parts;
+  int num_guards_executed;
 };
 
-// LeafGuard's interface without its RootGuardManager / verbose_code_parts
-// plumbing (which the Python-side add_lambda_guard provides out of tree).
-class LeafGuardLike {
+// torch/csrc/dynamo/guards.cpp's LeafGuard, without the RootGuardManager
+// pointer (no guard here reads the root's local state) and without the
+// FrameLocalsMapping overload. A guard owns its verbose code parts, which
+// Python passes unchanged to GuardManager.add_lambda_guard: the LAMBDA_GUARD
+// leaf holding the guard returns the same list. In-tree, each subclass derives
+// from LeafGuard itself and is added by a GuardManager.add_*_guard binding;
+// that is impossible from an extension, because libtorch_python exports none
+// of torch::dynamo's guard classes.
+class LeafGuard {
  public:
-  virtual ~LeafGuardLike() = default;
+  explicit LeafGuard(py::object verbose_code_parts)
+      : _verbose_code_parts(std::move(verbose_code_parts)) {}
+  virtual ~LeafGuard() = default;
+
+  bool check(py::handle value) {
+    return check_nopybind(value.ptr());
+  }
+
+  GuardDebugInfo check_verbose(py::handle value) {
+    return check_verbose_nopybind(value.ptr());
+  }
+
+  virtual GuardDebugInfo check_verbose_nopybind(PyObject* value) {
+    bool result = check_nopybind(value);
+    if (!result) {
+      return GuardDebugInfo(result, _verbose_code_parts, 0);
+    }
+    return GuardDebugInfo(true, 0);
+  }
+
+  py::list verbose_code_parts() {
+    return _verbose_code_parts;
+  }
+
+  // This is on the hot path and avoids any refcounting code from pybind. This
+  // is not exposed to Python and can only be called from C++.
   virtual bool check_nopybind(PyObject* value) = 0;
-  virtual GuardDebugInfo check_verbose_nopybind(PyObject* value) = 0;
+
+ private:
+  py::list _verbose_code_parts;
 };
+
+// A verbose_code_parts argument: a list, held as it is (not copied).
+inline py::object verbose_code_parts_arg(py::handle v) {
+  if (!PyList_Check(v.ptr())) {
+    throw py::type_error("verbose_code_parts must be a list of str");
+  }
+  return py::reinterpret_borrow<py::object>(v);
+}
 
 // Interned at module init and never released: the module lives as long as the
 // interpreter.
@@ -110,11 +179,16 @@ inline PyObject* explain_result(const GuardDebugInfo& info) {
   if (info.result) {
     Py_RETURN_TRUE;
   }
-  // Reasons embed repr()s; never fail on bytes that are not UTF-8.
-  return PyUnicode_DecodeUTF8(
-      info.failure_reason.data(),
-      static_cast<Py_ssize_t>(info.failure_reason.size()),
-      "replace");
+  // The first part is the reason (or the failed guard's first code part).
+  if (info.verbose_code_parts.empty()) {
+    return PyUnicode_FromString("check failed");
+  }
+  return py::object(info.verbose_code_parts[0]).release().ptr();
+}
+
+// The verbose_code_parts() method of a guard's Python object.
+inline PyObject* code_parts_result(LeafGuard& guard) {
+  return guard.verbose_code_parts().release().ptr();
 }
 
 inline PyObject* string_result(const std::string& s) {
@@ -147,9 +221,6 @@ inline void ready_type(
     throw py::error_already_set();
   }
 }
-
-// ---------------------------------------------------------------------------
-// Construction (slow path, pybind11 for argument handling).
 
 // ---------------------------------------------------------------------------
 // Construction (slow path, pybind11 for argument handling).

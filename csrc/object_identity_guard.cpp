@@ -34,8 +34,11 @@ struct IdentityPair {
   Py_ssize_t index_b;
 };
 
-class ObjectIdentityGuard final : public LeafGuardLike {
+class ObjectIdentityGuard final : public LeafGuard {
  public:
+  explicit ObjectIdentityGuard(py::object verbose_code_parts)
+      : LeafGuard(std::move(verbose_code_parts)) {}
+
   bool check_nopybind(PyObject* locals) override {
     return first_failure(locals) == -1;
   }
@@ -43,16 +46,18 @@ class ObjectIdentityGuard final : public LeafGuardLike {
   GuardDebugInfo check_verbose_nopybind(PyObject* locals) override {
     Py_ssize_t p = first_failure(locals);
     if (p == -1) {
-      return GuardDebugInfo(true);
+      return GuardDebugInfo(true, 1);
     }
     if (p == -2) {
       return GuardDebugInfo(
           false,
-          "object identity check: a container could not be fetched or changed type");
+          "object identity check: a container could not be fetched or changed type",
+          0);
     }
     return GuardDebugInfo(
         false,
-        descriptions_[p] + " failed: the objects are no longer identical");
+        descriptions_[p] + " failed: the objects are no longer identical",
+        0);
   }
 
   // -1: all pairs identical; -2: a container could not be fetched or has the
@@ -175,6 +180,12 @@ PyObject* identity_summary(PyObject* self, PyObject* /*unused*/) {
   GUARD_ACCEL_CATCH(nullptr)
 }
 
+PyObject* identity_code_parts(PyObject* self, PyObject* /*unused*/) {
+  GUARD_ACCEL_TRY
+  return code_parts_result(*reinterpret_cast<IdentityObject*>(self)->guard);
+  GUARD_ACCEL_CATCH(nullptr)
+}
+
 PyObject* identity_len(PyObject* self, PyObject* /*unused*/) {
   return PyLong_FromSize_t(
       reinterpret_cast<IdentityObject*>(self)->guard->pairs_.size());
@@ -198,13 +209,18 @@ PyMethodDef identity_methods[] = {
      identity_summary,
      METH_NOARGS,
      "one line saying what the guard checks"},
+    {"verbose_code_parts",
+     identity_code_parts,
+     METH_NOARGS,
+     "the guard's verbose code parts (as LeafGuard.verbose_code_parts)"},
     {nullptr, nullptr, 0, nullptr}};
 
 // bases: [(local_name, [(is_attr, name_or_key), ...], keys)], pairs:
 // [(base_a, index_a, base_b, index_b, description)].
 py::object make_object_identity_guard(
     const py::handle& bases_arg,
-    const py::handle& pairs_arg) {
+    const py::handle& pairs_arg,
+    const py::handle& verbose_code_parts) {
   if (!PyList_Check(bases_arg.ptr()) || !PyList_Check(pairs_arg.ptr())) {
     throw py::type_error("bases and pairs must be lists");
   }
@@ -216,7 +232,8 @@ py::object make_object_identity_guard(
   if (!bases || !pairs) {
     throw py::error_already_set();
   }
-  auto guard = std::make_unique<ObjectIdentityGuard>();
+  auto guard = std::make_unique<ObjectIdentityGuard>(
+      verbose_code_parts_arg(verbose_code_parts));
   for (py::handle item : bases) {
     py::tuple b = tuple_arg(item, "base");
     if (b.size() != 3 ||
@@ -292,10 +309,11 @@ void init_object_identity_guard(py::module_& m) {
       &make_object_identity_guard,
       py::arg("bases"),
       py::arg("pairs"),
+      py::arg("verbose_code_parts"),
       "Build an ObjectIdentityGuard. bases: (local_name or None for the guard's argument, steps, keys) with steps "
       "(is_attr, name_or_key) from the frame locals to a list/tuple (keys False) or "
       "dict whose keys are indexed by position (keys True); pairs: (base_a, index_a, "
-      "base_b, index_b, description).");
+      "base_b, index_b, description); verbose_code_parts: its LeafGuard verbose code parts.");
 }
 
 const RegisterModuleInit registered(init_object_identity_guard);

@@ -14,13 +14,15 @@ struct GroupObject {
 };
 
 // One single tensor's entry in a TensorAliasingGroup: records its identity.
-class TensorAliasingSlot final : public LeafGuardLike {
+class TensorAliasingSlot final : public LeafGuard {
  public:
   TensorAliasingSlot(
       py::object group_object,
       TensorAliasingGroup* group,
-      int participant)
-      : group_object_(std::move(group_object)),
+      int participant,
+      py::object verbose_code_parts)
+      : LeafGuard(std::move(verbose_code_parts)),
+        group_object_(std::move(group_object)),
         group_(group),
         participant_(participant) {}
 
@@ -30,7 +32,7 @@ class TensorAliasingSlot final : public LeafGuardLike {
   }
 
   GuardDebugInfo check_verbose_nopybind(PyObject* tensor) override {
-    return GuardDebugInfo(check_nopybind(tensor));
+    return GuardDebugInfo(check_nopybind(tensor), 1);
   }
 
  private:
@@ -86,22 +88,24 @@ PyObject* slot_vectorcall(
     size_t nargsf,
     PyObject* kwnames);
 
-PyObject* group_add_tensor(PyObject* self, PyObject* name) {
+PyObject* group_add_tensor(
+    PyObject* self,
+    PyObject* const* args,
+    Py_ssize_t nargs) {
   GUARD_ACCEL_TRY
-  if (!PyUnicode_Check(name)) {
-    PyErr_SetString(PyExc_TypeError, "add_tensor(name: str)");
+  if (nargs != 2 || !PyUnicode_Check(args[0])) {
+    PyErr_SetString(
+        PyExc_TypeError, "add_tensor(name: str, verbose_code_parts: list)");
     return nullptr;
   }
-  Py_ssize_t size = 0;
-  const char* utf8 = PyUnicode_AsUTF8AndSize(name, &size);
-  if (utf8 == nullptr) {
-    return nullptr; // e.g. UnicodeEncodeError for a lone surrogate
-  }
+  std::string name = utf8_arg(args[0], "name");
+  py::object parts = verbose_code_parts_arg(args[1]);
   TensorAliasingGroup* group = reinterpret_cast<GroupObject*>(self)->group;
   auto slot = std::make_unique<TensorAliasingSlot>(
       py::reinterpret_borrow<py::object>(self),
       group,
-      group->add_participant({std::string(utf8, static_cast<size_t>(size))}));
+      group->add_participant({std::move(name)}),
+      std::move(parts));
   SlotObject* obj = PyObject_New(SlotObject, &SlotType);
   if (obj == nullptr) {
     return nullptr;
@@ -119,13 +123,14 @@ void group_dealloc(PyObject* self) {
 
 PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   GUARD_ACCEL_TRY
-  if (PyTuple_GET_SIZE(args) != 0 ||
+  if (PyTuple_GET_SIZE(args) != 1 ||
       (kwargs != nullptr && PyDict_GET_SIZE(kwargs))) {
     PyErr_SetString(
-        PyExc_TypeError, "TensorAliasingGroup() takes no arguments");
+        PyExc_TypeError, "TensorAliasingGroup(verbose_code_parts: list)");
     return nullptr;
   }
-  auto group = std::make_unique<TensorAliasingGroup>();
+  auto group = std::make_unique<TensorAliasingGroup>(
+      verbose_code_parts_arg(PyTuple_GET_ITEM(args, 0)));
   GroupObject* self = reinterpret_cast<GroupObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) {
     return nullptr;
@@ -136,15 +141,27 @@ PyObject* group_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   GUARD_ACCEL_CATCH(nullptr)
 }
 
+PyObject* group_code_parts(PyObject* self, PyObject* /*unused*/) {
+  GUARD_ACCEL_TRY
+  return code_parts_result(*reinterpret_cast<GroupObject*>(self)->group);
+  GUARD_ACCEL_CATCH(nullptr)
+}
+
+PyObject* slot_code_parts(PyObject* self, PyObject* /*unused*/);
+
 PyMethodDef group_methods[] = {
     {"explain",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(group_explain)),
      METH_FASTCALL,
      "explain(*args) -> True, or which two entries were the same tensor in the last check"},
     {"add_tensor",
-     group_add_tensor,
-     METH_O,
-     "add_tensor(name) -> a guard that records one tensor's identity for this group"},
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(group_add_tensor)),
+     METH_FASTCALL,
+     "add_tensor(name, verbose_code_parts) -> a guard that records one tensor's identity for this group"},
+    {"verbose_code_parts",
+     group_code_parts,
+     METH_NOARGS,
+     "the guard's verbose code parts (as LeafGuard.verbose_code_parts)"},
     {"num_tensors",
      group_num_tensors,
      METH_NOARGS,
@@ -166,6 +183,19 @@ PyObject* slot_vectorcall(
   GUARD_ACCEL_CATCH(nullptr)
 }
 
+PyObject* slot_code_parts(PyObject* self, PyObject* /*unused*/) {
+  GUARD_ACCEL_TRY
+  return code_parts_result(*reinterpret_cast<SlotObject*>(self)->slot);
+  GUARD_ACCEL_CATCH(nullptr)
+}
+
+PyMethodDef slot_methods[] = {
+    {"verbose_code_parts",
+     slot_code_parts,
+     METH_NOARGS,
+     "the guard's verbose code parts (as LeafGuard.verbose_code_parts)"},
+    {nullptr, nullptr, 0, nullptr}};
+
 void slot_dealloc(PyObject* self) {
   delete reinterpret_cast<SlotObject*>(self)->slot;
   Py_TYPE(self)->tp_free(self);
@@ -179,7 +209,7 @@ void init_tensor_aliasing_group(py::module_& m) {
       offsetof(GroupObject, vectorcall),
       group_dealloc,
       group_methods,
-      "TensorAliasingGroup(): the no-aliasing guard of one frame; call it (as an "
+      "TensorAliasingGroup(verbose_code_parts): the no-aliasing guard of one frame; call it (as an "
       "epilogue guard) after its participants recorded their tensors",
       group_new);
   ready_type(
@@ -188,7 +218,7 @@ void init_tensor_aliasing_group(py::module_& m) {
       sizeof(SlotObject),
       offsetof(SlotObject, vectorcall),
       slot_dealloc,
-      nullptr,
+      slot_methods,
       "records one tensor's identity for its TensorAliasingGroup; always True");
 
   m.attr("TensorAliasingGroup") =

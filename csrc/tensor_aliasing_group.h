@@ -12,7 +12,7 @@
 
 namespace dynapatch {
 
-// // Participants (container guards and single tensors) record the identities
+// Participants (container guards and single tensors) record the identities
 // of the tensors they checked; the group's epilogue guard, which Dynamo runs
 // after every other guard passed, decides. A participant that records an
 // identity different from the one it holds marks itself dirty. Invariant: a
@@ -22,8 +22,11 @@ namespace dynapatch {
 // go through a hash set, and on success the dirty marks are cleared. Identities
 // are compared as raw pointers only, never dereferenced: no tensor is kept
 // alive.
-class TensorAliasingGroup final : public LeafGuardLike {
+class TensorAliasingGroup final : public LeafGuard {
  public:
+  explicit TensorAliasingGroup(py::object verbose_code_parts)
+      : LeafGuard(std::move(verbose_code_parts)) {}
+
   struct Participant {
     std::vector<PyObject*> current;
     std::vector<std::string> names;
@@ -50,9 +53,9 @@ class TensorAliasingGroup final : public LeafGuardLike {
   GuardDebugInfo check_verbose_nopybind(PyObject* /*value*/) override {
     std::string d = describe_duplicate();
     if (d.empty()) {
-      return GuardDebugInfo(true);
+      return GuardDebugInfo(true, 1);
     }
-    return GuardDebugInfo(false, std::move(d));
+    return GuardDebugInfo(false, d, 0);
   }
 
   bool check() {

@@ -5,9 +5,9 @@
 // node: an accessor, TENSOR_MATCH, DIMENSION_DYNAMIC_MARKING_GUARD and a share
 // of the relational NO_TENSOR_ALIASING guard. This guard keeps the same
 // per-tensor facts as flat records and checks a whole container in one loop
-// with early exit. It is a plain Python callable (vectorcall), installed with
-// GuardManager.add_lambda_guard on the container's node by
-// torch/_dynamo/guard_accel.py.
+// with early exit. Its Python object (tensor_container_guard_bindings.cpp) is a
+// plain callable (vectorcall), installed with GuardManager.add_lambda_guard on
+// the container's node by torch/_dynamo/guard_accel.py.
 //
 // What a record checks is what TENSOR_MATCH checks
 // (torch/csrc/dynamo/guards.cpp, TensorCheck): exact Python type, the dispatch
@@ -24,55 +24,22 @@
 // are py::object members; every C-API entry point runs inside
 // GUARD_ACCEL_TRY/CATCH (HANDLE_TH_ERRORS in-tree), so no C++ exception reaches
 // the interpreter.
-#include "tensor_aliasing_group.h"
+#include "tensor_container_guard.h"
 
-#include <c10/core/DispatchKeySet.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/Dtype.h>
-#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
-#include <limits>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace dynapatch {
-namespace {
 
-// A size or stride entry that is not checked (a dynamic dimension).
-constexpr int64_t kUnchecked = std::numeric_limits<int64_t>::min();
-
-// The attributes DIMENSION_DYNAMIC_MARKING_GUARD looks at, in guards.py's
-// order.
-constexpr int kNumMarkAttrs = 5;
-const char* const kMarkAttrNames[kNumMarkAttrs] = {
-    "_dynamo_dynamic_indices",
-    "_dynamo_weak_dynamic_indices",
-    "_dynamo_unbacked_indices",
-    "_dynamo_strict_unbacked_indices",
-    "_dynamo_static_indices",
-};
 PyObject* g_mark_attr_names[kNumMarkAttrs] = {}; // interned, see intern()
 PyObject* g_issubset_name = nullptr;
-
-// Whether a TorchDispatchMode with ignore_compile_internals=False is active:
-// Dynamo's C++ guards read it from a thread local
-// (get_is_in_mode_without_ignore_compile_internals() in
-// torch/csrc/dynamo/guards.h), which libtorch_python does not export. Its only
-// writer, torch.utils._python_dispatch, sets it from a module global that
-// is_in_any_mode_without_ignore_compile_internals() returns, so we call that
-// public function, and only when a Python dispatch key is involved.
 PyObject* g_mode_flag_getter = nullptr;
-
-const c10::DispatchKeySet kPythonKeys({
-    c10::DispatchKey::Python,
-    c10::DispatchKey::PythonTLSSnapshot,
-    c10::DispatchKey::PythonDispatcher,
-});
 
 bool should_mask_python_keys() {
   if (g_mode_flag_getter == nullptr) {
@@ -87,42 +54,6 @@ bool should_mask_python_keys() {
   Py_DECREF(flag);
   return !in_mode;
 }
-
-// LocalState::apply of torch/csrc/dynamo/guards.h, the dispatch key
-// transformation TENSOR_MATCH checks with. LocalState itself cannot be used
-// from outside libtorch_python: its inline constructor calls
-// get_is_in_mode_without_ignore_compile_internals(), and neither that function
-// nor the thread local behind it is exported (libtorch_python exports only
-// TORCH_PYTHON_API symbols; in 2.13 none of torch::dynamo's guard code), so a
-// module using it does not load. What is usable is used: the include/exclude
-// sets come from c10's exported tls_local_dispatch_key_set(), the mode flag
-// from the public Python getter above. Differences: the flag is read lazily
-// (only for a tensor with a Python key), and it is the process-wide value
-// where LocalState reads the thread's; with modes entered on another thread
-// the recorded and checked key sets then differ, which fails the guard (a
-// recompile), never passes it. An in-tree port constructs a LocalState and
-// drops this class and the getter; override_dispatch_key_set (set by guards
-// outside this module) is not needed here.
-class DispatchState {
- public:
-  DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}
-
-  c10::DispatchKeySet apply(c10::DispatchKeySet ks) {
-    c10::DispatchKeySet result = (ks | tls_.included_) - tls_.excluded_;
-    if ((result & kPythonKeys).empty()) {
-      return result; // masking would not change anything
-    }
-    if (mask_ < 0) {
-      mask_ = should_mask_python_keys() ? 1 : 0;
-    }
-    return mask_ ? result - kPythonKeys : result;
-  }
-
- private:
-  c10::impl::LocalDispatchKeySet tls_;
-  int mask_ = -1;
-};
-
 // Does the type (or its MRO) define one of the dimension-marking attributes, or
 // customize attribute lookup so that hasattr() could find one?
 bool type_may_have_mark_attrs(PyTypeObject* type) {
@@ -137,10 +68,7 @@ bool type_may_have_mark_attrs(PyTypeObject* type) {
   return false;
 }
 
-unsigned int valid_version_tag(PyTypeObject* type) {
-  return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag
-                                                         : 0;
-}
+namespace {
 
 // A concrete size or stride equal to `expected`. Symbolic values (only seen
 // under fake/functional modes, never for real inputs) do not match; this stays
@@ -168,160 +96,7 @@ PyObject* instance_dict(PyObject* obj) {
   }
   return *dict_ptr;
 }
-
-enum class Field : uint8_t {
-  kNone,
-  kContainerType,
-  kContainerLength,
-  kKey,
-  kMissing,
-  kType,
-  kDispatchKeys,
-  kDtype,
-  kDevice,
-  kRequiresGrad,
-  kRank,
-  kSize,
-  kStride,
-  kDimMarking,
-  kInnerType, // kDictNested: the dict holding the tensor changed type
-  kInnerKeys, // kDictNested: the keys (or their order) of that dict changed
-  kGradNone, // .grad is None, a tensor was expected
-  kGradPresent, // .grad is a tensor, None was expected
-  kIdentity, // an identity record's element is another object
-};
-
-// Where a check failed, for the recompile reason.
-struct Mismatch {
-  Field field = Field::kNone;
-  Py_ssize_t record = -1; // index into records, or -1 for the container itself
-  Py_ssize_t position = -1; // dict position for kKey
-  int dim = -1; // size/stride dimension, or mark attribute index
-  PyObject* value = nullptr; // borrowed: the element (or key) that failed
-  bool in_grad =
-      false; // the field is the element's .grad's (value is the element)
-};
-
-// Record::grad when the element's .grad is not checked, must be None, or must
-// be a tensor without further checks; >= 0 indexes grad_records_.
-constexpr int32_t kGradUnchecked = -1;
-constexpr int32_t kGradMustBeNone = -2;
-constexpr int32_t kGradMustBePresent = -3;
-
-// Everything TENSOR_MATCH and the dimension-marking guard know about one
-// tensor.
-struct Record {
-  py::object pytype; // the exact Python type
-  PyTypeObject* type() const {
-    return reinterpret_cast<PyTypeObject*>(pytype.ptr());
-  }
-  uint64_t dispatch_keys = 0; // LocalState-applied key set at build time
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::DeviceIndex device_index = -1;
-  bool requires_grad = false;
-  int32_t alias_slot = -1; // index into the aliasing participant, or -1
-  int32_t rank = 0;
-  uint32_t shape_offset =
-      0; // sizes at [off, off+rank), strides at [off+rank, off+2*rank)
-  int32_t marks =
-      -1; // -1: every mark attribute must be absent; else index into marks_
-  Py_ssize_t locator = 0; // list/tuple index or dict position
-  py::object key; // the dict key (dict containers; kDictNested: the inner key),
-                  // else null
-  int32_t grad = kGradUnchecked; // kGrad* or an index into grad_records_
-  // Non-zero: an identity record (what ID_MATCH checks): the element must be
-  // the object at this address, of the recorded type; no metadata is checked.
-  // The address is compared, never dereferenced, and the object is not kept
-  // alive (Dynamo's id_ref invalidates the guard when it dies).
-  uintptr_t identity = 0;
-  // ma_version_tag of the instance __dict__ that last passed the marking check.
-  // Dict versions are unique process-wide (a new or modified dict gets a new
-  // one), so an equal version means the same, unmodified __dict__.
-  mutable uint64_t passed_dict_version = 0;
-};
-
-// Per mark attribute: nullptr means the attribute must be absent; otherwise a
-// present attribute must be a subset of this object (guards.py's issubset
-// check).
-struct MarkExpectation {
-  py::object subset_of[kNumMarkAttrs];
-};
-
-enum class Kind : int { kList, kTuple, kDictLookup, kDictOrdered, kDictNested };
-
-class TensorContainerGuard final : public LeafGuardLike {
- public:
-  // Hot path: true iff every record matches.
-  bool check_nopybind(PyObject* container) override;
-  // Slow path: whether it matches and, if not, the first mismatch named.
-  GuardDebugInfo check_verbose_nopybind(PyObject* container) override;
-  // The first mismatch (field kNone if none).
-  Mismatch find_mismatch(PyObject* container);
-  std::string describe(const Mismatch& m);
-  std::string describe_fields(const Record& r, const Mismatch& m);
-
-  Kind kind_ = Kind::kList;
-  std::string container_name_;
-  py::object dict_type_; // kDictOrdered: the exact dict type (a dict subclass)
-  Py_ssize_t dict_size_ = 0; // kDictOrdered
-  std::vector<py::object> ordered_keys_; // kDictOrdered: every key, in order
-  std::vector<Record> records_; // sorted by locator
-  // kDictNested: the type of every dict holding a recorded tensor.
-  py::object inner_type_;
-  PyTypeObject* dict_type() const {
-    return reinterpret_cast<PyTypeObject*>(dict_type_.ptr());
-  }
-  PyTypeObject* inner_type() const {
-    return reinterpret_cast<PyTypeObject*>(inner_type_.ptr());
-  }
-  // kDictNested: the keys, in order, of the inner dicts whose keys are checked
-  // (exact str). Per record: inner_keys_of_, an index into inner_keys_ for
-  // the first record of such a dict's position, else -1; inner_key_index_, the
-  // index of the record's key in those keys. Empty when no keys are checked.
-  std::vector<std::vector<py::object>> inner_keys_;
-  std::vector<int32_t> inner_keys_of_;
-  std::vector<int32_t> inner_key_index_;
-  std::vector<PyObject*> inner_values_; // scratch: borrowed, one check
-  bool read_inner_dict(PyObject* dict, const std::vector<py::object>& keys);
-  // The .grad of elements (Record::grad >= 0); locator and key unused, grad
-  // unchecked. Reasons name a grad after its element (names_[i] + ".grad").
-  std::vector<Record> grad_records_;
-  std::vector<int64_t> shape_;
-  std::vector<MarkExpectation> marks_;
-  std::vector<std::string> names_; // per record, e.g. L['xs'][3]
-  std::vector<PyTypeObject*>
-      tensor_types_; // distinct record types (owned by records_)
-  std::vector<unsigned int> type_versions_; // version tag at last verification
-  py::object group_object_; // the TensorAliasingGroup object owning group_
-  TensorAliasingGroup* group_ = nullptr;
-  int participant_ = -1;
-  std::vector<PyObject*> elements_; // scratch: borrowed, valid during one check
-
- private:
-  template <bool kVerbose>
-  bool run(PyObject* container, Mismatch* out);
-  template <bool kVerbose>
-  bool check_record(
-      const Record& r,
-      PyObject* obj,
-      DispatchState& ds,
-      TensorAliasingGroup::Participant* aliasing,
-      Mismatch* out);
-  template <bool kVerbose>
-  bool check_grad(
-      const Record& r,
-      PyObject* obj,
-      DispatchState& ds,
-      TensorAliasingGroup::Participant* aliasing,
-      Mismatch* out);
-  bool check_types(Mismatch* out);
-  void prefetch_ahead(PyObject* const* elements, Py_ssize_t i) const;
-  template <bool kVerbose>
-  bool gather(PyObject* container, Mismatch* out);
-  bool marks_match(const Record& r, PyObject* obj, int* attr_out);
-  bool mark_matches(const Record& r, int a, PyObject* present);
-  bool scan_marks(const Record& r, PyObject* dict, int* attr_out);
-};
+} // namespace
 
 // The dimension-marking attributes can only come from the instance __dict__ as
 // long as the tensor types do not define them; verify that once per type
@@ -347,7 +122,7 @@ bool TensorContainerGuard::check_types(Mismatch* out) {
 
 // Which dimension-marking attribute a key of an instance __dict__ is: an index,
 // -1 for none, -2 when only a real dict lookup can tell (not an exact str).
-int mark_attr_index(PyObject* key) {
+static int mark_attr_index(PyObject* key) {
   for (int a = 0; a < kNumMarkAttrs; a++) {
     if (key == g_mark_attr_names[a]) {
       return a;
@@ -941,9 +716,9 @@ GuardDebugInfo TensorContainerGuard::check_verbose_nopybind(
     PyObject* container) {
   Mismatch m = find_mismatch(container);
   if (m.field == Field::kNone) {
-    return GuardDebugInfo(true);
+    return GuardDebugInfo(true, 1);
   }
-  return GuardDebugInfo(false, describe(m));
+  return GuardDebugInfo(false, describe(m), 0);
 }
 
 Mismatch TensorContainerGuard::find_mismatch(PyObject* container) {
@@ -953,6 +728,7 @@ Mismatch TensorContainerGuard::find_mismatch(PyObject* container) {
   }
   return m;
 }
+namespace {
 
 std::string py_repr(PyObject* obj) {
   if (obj == nullptr) {
@@ -1010,6 +786,8 @@ std::string key_set_repr(c10::DispatchKeySet ks) {
   os << ks;
   return os.str();
 }
+
+} // namespace
 
 std::string TensorContainerGuard::describe(const Mismatch& m) {
   std::ostringstream os;
@@ -1157,458 +935,7 @@ std::string TensorContainerGuard::describe_fields(
   return os.str();
 }
 
-// ---------------------------------------------------------------------------
-// Python objects.
-
-struct GuardObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  TensorContainerGuard* guard;
-};
-
-// Static type, zero-initialized here and filled in by ready_type at module
-// init.
-PyTypeObject GuardType{};
-
-PyObject* guard_vectorcall(
-    PyObject* self,
-    PyObject* const* args,
-    size_t nargsf,
-    PyObject* kwnames) {
-  GUARD_ACCEL_TRY
-  PyObject* container = one_arg(args, nargsf, kwnames, "TensorContainerGuard");
-  if (container == nullptr) {
-    return nullptr;
-  }
-  return check_result(
-      reinterpret_cast<GuardObject*>(self)->guard->check_nopybind(container));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* guard_explain(PyObject* self, PyObject* container) {
-  GUARD_ACCEL_TRY
-  return explain_result(
-      reinterpret_cast<GuardObject*>(self)->guard->check_verbose_nopybind(
-          container));
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-PyObject* guard_len(PyObject* self, PyObject* /*unused*/) {
-  return PyLong_FromSsize_t(
-      static_cast<Py_ssize_t>(
-          reinterpret_cast<GuardObject*>(self)->guard->records_.size()));
-}
-
-PyObject* guard_summary(PyObject* self, PyObject* /*unused*/) {
-  GUARD_ACCEL_TRY
-  TensorContainerGuard* g = reinterpret_cast<GuardObject*>(self)->guard;
-  size_t none = 0, present = 0, metadata = 0, identity = 0;
-  for (const Record& r : g->records_) {
-    identity += r.identity != 0;
-    none += r.grad == kGradMustBeNone;
-    present += r.grad == kGradMustBePresent;
-    metadata += r.grad >= 0;
-  }
-  std::ostringstream os;
-  if (identity > 0 && identity == g->records_.size()) {
-    os << "identity of " << identity
-       << " tensors in one native TensorContainerGuard (as ID_MATCH: the same objects)";
-  } else {
-    os << "tensor metadata of " << g->records_.size()
-       << " tensors in one native TensorContainerGuard (type, dispatch keys, dtype, device, "
-          "shape, stride, requires_grad, identity)";
-    if (identity > 0) {
-      os << ", " << identity << " of them by identity only (as ID_MATCH)";
-    }
-  }
-  if (none + present + metadata > 0) {
-    os << ", with the .grad of " << none + present + metadata << " of them (";
-    const char* sep = "";
-    if (metadata) {
-      os << metadata << " tensor metadata";
-      sep = ", ";
-    }
-    if (present) {
-      os << sep << present << " presence only";
-      sep = ", ";
-    }
-    if (none) {
-      os << sep << none << " None";
-    }
-    os << ")";
-  }
-  if (!g->inner_keys_.empty()) {
-    os << ", and the keys in order of the " << g->inner_keys_.size()
-       << " dicts holding them";
-  }
-  return string_result(os.str());
-  GUARD_ACCEL_CATCH(nullptr)
-}
-
-void guard_dealloc(PyObject* self) {
-  delete reinterpret_cast<GuardObject*>(self)->guard;
-  Py_TYPE(self)->tp_free(self);
-}
-
-PyMethodDef guard_methods[] = {
-    {"explain",
-     guard_explain,
-     METH_O,
-     "explain(container) -> True, or why the container no longer matches"},
-    {"num_tensors", guard_len, METH_NOARGS, "number of tensors checked"},
-    {"summary",
-     guard_summary,
-     METH_NOARGS,
-     "one line saying what the guard checks"},
-    {nullptr, nullptr, 0, nullptr}};
-
-std::vector<int64_t> shape_entries(const py::sequence& values) {
-  std::vector<int64_t> out;
-  out.reserve(values.size());
-  for (py::handle v : values) {
-    if (v.is_none()) {
-      out.push_back(kUnchecked);
-      continue;
-    }
-    if (!PyLong_Check(v.ptr())) {
-      throw py::type_error("sizes and strides must be ints or None");
-    }
-    int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-    if (value == -1 && PyErr_Occurred()) {
-      throw py::error_already_set();
-    }
-    // kUnchecked is reserved for dynamic dimensions; no real size or stride is.
-    if (overflow != 0 || value == kUnchecked) {
-      throw py::value_error("size or stride out of the int64 range");
-    }
-    out.push_back(static_cast<int64_t>(value));
-  }
-  return out;
-}
-
-Kind parse_kind(const std::string& kind) {
-  if (kind == "list") {
-    return Kind::kList;
-  }
-  if (kind == "tuple") {
-    return Kind::kTuple;
-  }
-  if (kind == "dict_lookup") {
-    return Kind::kDictLookup;
-  }
-  if (kind == "dict_ordered") {
-    return Kind::kDictOrdered;
-  }
-  if (kind == "dict_nested") {
-    return Kind::kDictNested;
-  }
-  throw py::value_error("unknown container kind: " + kind);
-}
-
-bool is_dict_type(py::handle t) {
-  return PyType_Check(t.ptr()) &&
-      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t.ptr()), &PyDict_Type);
-}
-
-py::object make_tensor_container_guard(
-    const py::handle& kind,
-    const py::handle& container_name,
-    const py::object& dict_type,
-    const py::object& ordered_keys,
-    const py::handle& elements_arg,
-    const py::object& aliasing_group) {
-  auto guard = std::make_unique<TensorContainerGuard>();
-  guard->kind_ = parse_kind(utf8_arg(kind, "kind"));
-  guard->container_name_ = utf8_arg(container_name, "container_name");
-  if (!PyList_Check(elements_arg.ptr())) {
-    throw py::type_error("elements must be a list");
-  }
-  // A copy: the caller's list cannot change while it is read.
-  py::list elements =
-      py::reinterpret_steal<py::list>(PySequence_List(elements_arg.ptr()));
-  if (!elements) {
-    throw py::error_already_set();
-  }
-
-  if (guard->kind_ == Kind::kDictOrdered) {
-    // The check reads the dict's entries directly once its type matched.
-    if (!is_dict_type(dict_type)) {
-      throw py::type_error(
-          "dict_ordered needs the dict type (dict or a subclass)");
-    }
-    guard->dict_type_ = dict_type;
-    if (!PyList_Check(ordered_keys.ptr()) &&
-        !PyTuple_Check(ordered_keys.ptr())) {
-      throw py::type_error("dict_ordered needs ordered_keys, a list or tuple");
-    }
-    for (py::handle key : ordered_keys) {
-      if (!PyLong_CheckExact(key.ptr()) && !PyUnicode_CheckExact(key.ptr())) {
-        throw py::type_error("dict_ordered keys must be exact int or str");
-      }
-      guard->ordered_keys_.push_back(py::reinterpret_borrow<py::object>(key));
-    }
-    guard->dict_size_ = static_cast<Py_ssize_t>(guard->ordered_keys_.size());
-  }
-  if (guard->kind_ == Kind::kDictNested) {
-    if (!is_dict_type(dict_type)) {
-      throw py::type_error("dict_nested needs the type of the inner dicts");
-    }
-    guard->inner_type_ = dict_type;
-  }
-  const bool nested = guard->kind_ == Kind::kDictNested;
-
-  // elements: (locator, key, tensor, sizes, strides, marks, aliasing, name[,
-  // grad])
-  DispatchState build_state;
-  std::vector<std::string> alias_names;
-  Py_ssize_t previous_locator = -1;
-  // Fills the tensor metadata of r from e = (.., .., tensor, sizes, strides,
-  // marks, aliasing, name); returns the name.
-  auto fill = [&](Record& r, const py::tuple& e) -> std::string {
-    PyObject* tensor = e[2].ptr();
-    if (!THPVariable_Check(tensor)) {
-      throw py::type_error("element tensor must be a torch.Tensor");
-    }
-    if (e[3].is_none() && e[4].is_none()) {
-      r.pytype = py::reinterpret_borrow<py::object>(
-          reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
-      // An identity record: only `element is tensor` (and its .grad).
-      if (!e[5].is_none() || bool_arg(e[6], "element aliasing")) {
-        throw py::value_error(
-            "an identity record (sizes and strides None) takes no marks and no aliasing");
-      }
-      r.identity = reinterpret_cast<uintptr_t>(tensor);
-      r.grad = kGradUnchecked;
-      return utf8_arg(e[7], "element name");
-    }
-    const at::Tensor& t = THPVariable_Unpack(tensor);
-    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) {
-      throw py::value_error(
-          "element tensor must be a defined, strided, non-nested tensor");
-    }
-    r.pytype = py::reinterpret_borrow<py::object>(
-        reinterpret_cast<PyObject*>(Py_TYPE(tensor)));
-    r.dispatch_keys = build_state.apply(t.key_set()).raw_repr();
-    r.dtype = t.scalar_type();
-    r.device_index = t.device().index();
-    r.requires_grad = t.requires_grad();
-    std::vector<int64_t> sizes = shape_entries(
-        py::reinterpret_borrow<py::sequence>(tuple_or_list(e[3], "sizes")));
-    std::vector<int64_t> strides = shape_entries(
-        py::reinterpret_borrow<py::sequence>(tuple_or_list(e[4], "strides")));
-    if (sizes.size() != static_cast<size_t>(t.dim()) ||
-        strides.size() != sizes.size()) {
-      throw py::value_error("sizes/strides do not match the tensor's rank");
-    }
-    if (guard->shape_.size() + 2 * sizes.size() >
-        std::numeric_limits<uint32_t>::max()) {
-      throw py::value_error("too many sizes and strides for one guard");
-    }
-    r.rank = static_cast<int32_t>(sizes.size());
-    r.shape_offset = static_cast<uint32_t>(guard->shape_.size());
-    guard->shape_.insert(guard->shape_.end(), sizes.begin(), sizes.end());
-    guard->shape_.insert(guard->shape_.end(), strides.begin(), strides.end());
-    r.marks = -1;
-    if (!e[5].is_none()) {
-      py::tuple marks = tuple_arg(e[5], "marks");
-      if (marks.size() != kNumMarkAttrs) {
-        throw py::value_error(
-            "marks must have one entry per dimension-marking attribute");
-      }
-      MarkExpectation m{};
-      for (int a = 0; a < kNumMarkAttrs; a++) {
-        if (!marks[a].is_none() && !is_set_of_ints(marks[a].ptr())) {
-          throw py::value_error("dimension markings must be sets of ints");
-        }
-      }
-      for (int a = 0; a < kNumMarkAttrs; a++) {
-        if (!marks[a].is_none()) {
-          m.subset_of[a] = py::reinterpret_borrow<py::object>(marks[a]);
-        }
-      }
-      r.marks = static_cast<int32_t>(guard->marks_.size());
-      guard->marks_.push_back(std::move(m));
-    }
-    std::string name = utf8_arg(e[7], "element name");
-    r.grad = kGradUnchecked;
-    if (bool_arg(e[6], "element aliasing")) {
-      r.alias_slot = static_cast<int32_t>(alias_names.size());
-      alias_names.push_back(name);
-    } else {
-      r.alias_slot = -1;
-    }
-    bool known_type = false;
-    for (PyTypeObject* seen : guard->tensor_types_) {
-      known_type |= seen == r.type();
-    }
-    if (!known_type) {
-      if (type_may_have_mark_attrs(r.type())) {
-        throw py::value_error(
-            "tensor type defines dimension-marking attributes");
-      }
-      guard->tensor_types_.push_back(r.type());
-      guard->type_versions_.push_back(valid_version_tag(r.type()));
-    }
-    return name;
-  };
-  for (py::handle item : elements) {
-    py::tuple e = tuple_arg(item, "element");
-    if (e.size() != 8 && e.size() != 9) {
-      throw py::value_error("element must be an 8- or 9-tuple");
-    }
-    Py_ssize_t locator = index_arg(e[0], "element locator");
-    if (guard->kind_ == Kind::kDictOrdered && locator >= guard->dict_size_) {
-      throw py::value_error("element locator is not a position of the dict");
-    }
-    // kDictNested: several tensors (inner keys) per outer position.
-    if (locator < previous_locator ||
-        (!nested && locator == previous_locator)) {
-      throw py::value_error(
-          "elements must be sorted by locator, without duplicates");
-    }
-    if (nested && !PyUnicode_CheckExact(e[1].ptr())) {
-      throw py::type_error("dict_nested inner keys must be exact str");
-    }
-    // Looked up during a check: hashing and comparing must run no Python code.
-    if (guard->kind_ == Kind::kDictLookup &&
-        !(PyUnicode_CheckExact(e[1].ptr()) || PyLong_CheckExact(e[1].ptr()))) {
-      throw py::type_error("dict_lookup keys must be exact str or int");
-    }
-    previous_locator = locator;
-    guard->records_.push_back(Record{});
-    {
-      Record& r = guard->records_.back();
-      r.locator = locator;
-      if (!e[1].is_none()) {
-        r.key = py::reinterpret_borrow<py::object>(e[1]);
-      }
-    }
-    std::string name = fill(guard->records_.back(), e);
-    guard->names_.push_back(std::move(name));
-    // grad: None (unchecked), "none", "present" or a tuple like an element's.
-    if (e.size() == 9 && !e[8].is_none()) {
-      int32_t grad = kGradUnchecked;
-      if (PyUnicode_Check(e[8].ptr())) {
-        std::string spec = utf8_arg(e[8], "grad");
-        if (spec == "none") {
-          grad = kGradMustBeNone;
-        } else if (spec == "present") {
-          grad = kGradMustBePresent;
-        } else {
-          throw py::value_error(
-              "grad must be None, 'none', 'present' or a record");
-        }
-      } else {
-        py::tuple ge = tuple_arg(e[8], "grad record");
-        // An element record of its own, without a grad of its .grad.
-        if (ge.size() != 8 && !(ge.size() == 9 && ge[8].is_none())) {
-          throw py::value_error(
-              "grad record must be an 8-tuple (or 9 with grad None)");
-        }
-        guard->grad_records_.push_back(Record{});
-        fill(
-            guard->grad_records_.back(),
-            ge); // its name goes to the aliasing group
-        grad = static_cast<int32_t>(guard->grad_records_.size()) - 1;
-      }
-      guard->records_.back().grad = grad;
-    }
-  }
-
-  if (nested && !ordered_keys.is_none()) {
-    // {outer position: the inner dict's keys in order}, for positions with
-    // records.
-    if (!PyDict_CheckExact(ordered_keys.ptr())) {
-      throw py::type_error("dict_nested ordered_keys must be None or a dict");
-    }
-    // A copy: reading it runs no code that could change it.
-    auto inner_keys =
-        py::reinterpret_steal<py::dict>(PyDict_Copy(ordered_keys.ptr()));
-    if (!inner_keys) {
-      throw py::error_already_set();
-    }
-    guard->inner_keys_of_.assign(guard->records_.size(), -1);
-    guard->inner_key_index_.assign(guard->records_.size(), -1);
-    for (auto item : inner_keys) {
-      Py_ssize_t position = index_arg(item.first, "dict_nested position");
-      size_t first = 0;
-      while (first < guard->records_.size() &&
-             guard->records_[first].locator != position) {
-        first++;
-      }
-      if (first == guard->records_.size()) {
-        throw py::value_error(
-            "dict_nested inner keys given for a position without records");
-      }
-      if (guard->inner_keys_of_[first] >= 0) {
-        throw py::value_error(
-            "dict_nested inner keys given twice for one position");
-      }
-      if (!PyList_Check(item.second.ptr()) &&
-          !PyTuple_Check(item.second.ptr())) {
-        throw py::type_error(
-            "dict_nested inner keys must be a list or tuple of str");
-      }
-      std::vector<py::object> keys;
-      for (py::handle key : item.second) {
-        if (!PyUnicode_CheckExact(key.ptr())) {
-          throw py::type_error("dict_nested inner keys must be exact str");
-        }
-        keys.push_back(py::reinterpret_borrow<py::object>(key));
-      }
-      guard->inner_keys_of_[first] =
-          static_cast<int32_t>(guard->inner_keys_.size());
-      guard->inner_keys_.push_back(std::move(keys));
-      const std::vector<py::object>& listed = guard->inner_keys_.back();
-      if (guard->inner_values_.size() < listed.size()) {
-        guard->inner_values_.resize(listed.size());
-      }
-      for (size_t i = first;
-           i < guard->records_.size() && guard->records_[i].locator == position;
-           i++) {
-        for (size_t k = 0; k < listed.size(); k++) {
-          // Both exact str: no Python code runs; -1 only with an error set.
-          int cmp =
-              PyUnicode_Compare(listed[k].ptr(), guard->records_[i].key.ptr());
-          if (cmp == -1 && PyErr_Occurred()) {
-            throw py::error_already_set();
-          }
-          if (cmp == 0) {
-            guard->inner_key_index_[i] = static_cast<int32_t>(k);
-          }
-        }
-        if (guard->inner_key_index_[i] < 0) {
-          throw py::value_error(
-              "a recorded inner key is missing from the inner keys");
-        }
-      }
-    }
-  }
-
-  if (!alias_names.empty()) {
-    TensorAliasingGroup* group = aliasing_group.is_none()
-        ? nullptr
-        : aliasing_group_of(aliasing_group.ptr());
-    if (group == nullptr) {
-      throw py::type_error(
-          "tensors that take part in no-aliasing need a TensorAliasingGroup");
-    }
-    guard->group_object_ = aliasing_group;
-    guard->group_ = group;
-    guard->participant_ =
-        guard->group_->add_participant(std::move(alias_names));
-  }
-
-  GuardObject* obj = PyObject_New(GuardObject, &GuardType);
-  if (obj == nullptr) {
-    throw py::error_already_set();
-  }
-  obj->vectorcall = guard_vectorcall;
-  obj->guard = guard.release();
-  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(obj));
-}
-
-void init_tensor_container_guard(py::module_& m) {
+void init_tensor_container_guard_state() {
   for (int a = 0; a < kNumMarkAttrs; a++) {
     g_mark_attr_names[a] = intern(kMarkAttrNames[a]);
   }
@@ -1620,45 +947,6 @@ void init_tensor_container_guard(py::module_& m) {
           dispatch.attr("is_in_any_mode_without_ignore_compile_internals"))
           .release()
           .ptr();
-
-  ready_type(
-      GuardType,
-      "torch._dynamo._guard_accel.TensorContainerGuard",
-      sizeof(GuardObject),
-      offsetof(GuardObject, vectorcall),
-      guard_dealloc,
-      guard_methods,
-      "TensorContainerGuard(container) -> bool: TENSOR_MATCH and dimension-marking "
-      "checks for every tensor of one list, tuple or dict");
-  m.attr("TensorContainerGuard") =
-      py::handle(reinterpret_cast<PyObject*>(&GuardType));
-  m.attr("MARK_ATTRS") = py::make_tuple(
-      kMarkAttrNames[0],
-      kMarkAttrNames[1],
-      kMarkAttrNames[2],
-      kMarkAttrNames[3],
-      kMarkAttrNames[4]);
-  m.def(
-      "make_tensor_container_guard",
-      &make_tensor_container_guard,
-      py::arg("kind"),
-      py::arg("container_name"),
-      py::arg("dict_type"),
-      py::arg("ordered_keys"),
-      py::arg("elements"),
-      py::arg("aliasing_group"),
-      "Build a TensorContainerGuard. kind: list, tuple, dict_lookup, dict_ordered or "
-      "dict_nested; elements: (locator, key, tensor, sizes, strides, marks, aliasing, "
-      "name[, grad]) sorted by locator, sizes/strides entries None for dynamic dimensions "
-      "(sizes and strides both None: an identity record, which checks only that the element "
-      "is that tensor, by address, and its grad), marks "
-      "None or one set-or-None per MARK_ATTRS entry, grad None, 'none', 'present' or the "
-      "element record of the tensor's .grad. ordered_keys: dict_ordered, every "
-      "key in order; dict_nested, None or {outer position: the inner dict's str keys in "
-      "order} for positions with elements, whose keys are then checked too.");
 }
 
-const RegisterModuleInit registered(init_tensor_container_guard);
-
-} // namespace
 } // namespace dynapatch

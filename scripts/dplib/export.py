@@ -32,16 +32,19 @@ BUILD_LIST_ANCHOR = '    "torch/csrc/dynamo/guards.cpp",'
 BUILD_LIST_NEXT = '    "torch/csrc/dynamo/utils.cpp",'
 PORT_NOTES = """\
 Native code: {files} ({sources} added to libtorch_python_core_sources in {build_list}).
-Out of tree these are the extension module torch._dynamo._guard_accel, which binds its
-guards as Python callables through GuardManager's add_lambda_guard. An in-tree port
-changes, mechanically:
-- each guard class becomes a LeafGuard subclass in torch/csrc/dynamo/guards.cpp, bound
-  next to GuardManager with an add_*_guard method, so the guard tree calls it without
-  going through Python;
-- strong references held by the classes become py::object members (RAII) instead of
-  raw PyObject* with manual reference counts;
-- a failing check returns GuardDebugInfo(false, reasons, ...) with its reason strings
-  instead of recording the reason for the Python side;
+Out of tree these are the extension module torch._dynamo._guard_accel. libtorch_python
+exports none of torch::dynamo's guard classes, so each guard derives from a LeafGuard
+with guards.cpp's interface (guard_accel_common.h: check_nopybind, check_verbose_nopybind
+returning GuardDebugInfo(result, verbose_code_parts, num_guards_executed), the guard's
+own verbose_code_parts; references held as py::object members) and is installed as a
+Python callable through GuardManager's add_lambda_guard / add_epilogue_lambda_guard.
+An in-tree port changes, mechanically:
+- each guard class becomes a LeafGuard subclass in torch/csrc/dynamo/guards.cpp (its
+  constructor also takes the RootGuardManager), and guard_accel_common.h goes away;
+- each guard's Python type and construction (tensor_container_guard_bindings.cpp, the
+  type blocks of the other files) becomes a py::class_ next to GuardManager and an
+  add_*_guard method taking today's tuples as typed arguments, so the guard tree calls
+  check_nopybind without going through Python;
 - DispatchState (LocalState::apply re-done with c10's exported TLS getter and
   the public Python getter of the dispatch-mode flag, because LocalState's
   constructor calls get_is_in_mode_without_ignore_compile_internals(), which

@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import textwrap
 import types
 import unittest
 import warnings
@@ -98,9 +99,12 @@ from torch._dynamo import _guard_accel as ext
 t = torch.randn(2)
 def rec(locator=0, key=None, tensor=t, sizes=(2,), strides=(1,), marks=None, aliasing=False, name="xs[0]", *grad):
     return (locator, key, tensor, sizes, strides, marks, aliasing, name, *grad)
-def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None):
+def make(kind="list", elements=None, name="xs", dict_type=list, keys=None, group=None, parts="default"):
     elements = [rec()] if elements is None else elements
-    return ext.make_tensor_container_guard(kind, name, dict_type, keys, elements, group)
+    parts = ["xs_guard(L['xs'])"] if parts == "default" else parts
+    return ext.make_tensor_container_guard(kind, name, dict_type, keys, elements, group, parts)
+def ident(bases, pairs, parts="default"):
+    return ext.make_object_identity_guard(bases, pairs, [] if parts == "default" else parts)
 results = {}
 for label, stmt in json.load(sys.stdin):
     print("running", label, file=sys.stderr, flush=True)
@@ -145,10 +149,19 @@ class ContainerTestCase(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 1)
         return fn, compiled, cnt
 
-    def assert_recompile_reason(self, compiled, args, reason):
+    def recompile_reason(self, compiled, args):
+        """The guard failure(s) a call recompiles for, as Dynamo logs them (each
+        reason and its explanation line), raised by error_on_recompile."""
         with config.patch(error_on_recompile=True):
-            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+            with self.assertRaises(RecompileError) as raised:
                 compiled(*args)
+        return textwrap.dedent(str(raised.exception).split("guard failure(s):\n", 1)[1])
+
+    def assert_recompile_reason(self, compiled, args, reason):
+        """For cases parametrized by the tensor's name: the first failure logged is
+        exactly `reason` (compile id left out)."""
+        logged = self.recompile_reason(compiled, args).splitlines()[0]
+        self.assertEqual(re.sub(r"^- \d+/\d+: ", "", logged), reason)
 
 
 @requires_extension
@@ -182,30 +195,42 @@ class TensorContainerGuardTests(ContainerTestCase):
         strided = torch.randn(8)[::2]
         marked = t.clone()
         torch._dynamo.mark_dynamic(marked, 0)
-        cases = {
-            "type": (torch.nn.Parameter(t.clone()), "type changed Tensor -> Parameter"),
-            "dispatch keys": (t._neg_view(), "dispatch key set changed"),
-            "dtype": (t.double(), "dtype changed float32 -> float64"),
-            "requires_grad": (
-                t.clone().requires_grad_(),
-                "requires_grad changed False -> True",
-            ),
-            "rank": (t.reshape(2, 2), "rank changed 1 -> 2"),
-            "size": (torch.randn(5), "size[0] changed 4 -> 5"),
-            "stride": (strided, "stride[0] changed 1 -> 2"),
-            "dim marking": (marked, "_dynamo_dynamic_indices was set after compilation"),
-        }
-        for field, (value, reason) in cases.items():
-            with self.subTest(field=field):
-                ys = list(xs)
-                ys[417] = value
-                self.assert_recompile_reason(compiled, (ys,), f"xs[417]: {reason}")
-        with self.subTest(field="aliasing"):
+        # type, dispatch keys, dtype, requires_grad, rank, size, stride, dim marking, aliasing
+        changed = [
+            torch.nn.Parameter(t.clone()),
+            t._neg_view(),
+            t.double(),
+            t.clone().requires_grad_(),
+            t.reshape(2, 2),
+            torch.randn(5),
+            strided,
+            marked,
+            xs[3],
+        ]
+        reasons = []
+        for value in changed:
             ys = list(xs)
-            ys[417] = ys[3]
-            self.assert_recompile_reason(
-                compiled, (ys,), "xs[3] and xs[417] are the same tensor"
-            )
+            ys[417] = value
+            reasons.append(self.recompile_reason(compiled, (ys,)))
+        self.assertExpectedInline("\n".join(reasons), """\
+- 0/0: xs[417]: type changed Tensor -> Parameter
+-   => object xs, tensor xs[417]: type changed Tensor -> Parameter
+- 0/0: xs[417]: dispatch key set changed DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU) -> DispatchKeySet(CPU, BackendSelect, Negative, ADInplaceOrView, AutogradCPU)
+-   => object xs, tensor xs[417]: dispatch key set changed DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU) -> DispatchKeySet(CPU, BackendSelect, Negative, ADInplaceOrView, AutogradCPU)
+- 0/0: xs[417]: dtype changed float32 -> float64
+-   => object xs, tensor xs[417]: dtype changed float32 -> float64
+- 0/0: xs[417]: requires_grad changed False -> True
+-   => object xs, tensor xs[417]: requires_grad changed False -> True
+- 0/0: xs[417]: rank changed 1 -> 2
+-   => object xs, tensor xs[417]: rank changed 1 -> 2
+- 0/0: xs[417]: size[0] changed 4 -> 5
+-   => object xs, tensor xs[417]: size[0] changed 4 -> 5
+- 0/0: xs[417]: stride[0] changed 1 -> 2
+-   => object xs, tensor xs[417]: stride[0] changed 1 -> 2
+- 0/0: xs[417]: _dynamo_dynamic_indices was set after compilation
+-   => object xs, tensor xs[417]: _dynamo_dynamic_indices was set after compilation
+- 0/0: xs[3] and xs[417] are the same tensor, but the graph was compiled for distinct tensors
+-   => object xs: xs[3] and xs[417] are the same tensor now""", skip=1)  # noqa: E501
         self.assertEqual(cnt.frame_count, 1)
 
         # Every failure above is a real guard failure: it recompiles.
@@ -227,9 +252,9 @@ class TensorContainerGuardTests(ContainerTestCase):
 
         with torch.no_grad():
             m.ps[17] = torch.nn.Parameter(torch.randn(5))
-        self.assert_recompile_reason(
-            compiled, (2.0,), "self._modules['ps']._parameters['17']: size[0] changed 4 -> 5"
-        )
+        self.assertExpectedInline(self.recompile_reason(compiled, (2.0,)), """\
+- 0/0: self._modules['ps']._parameters['17']: size[0] changed 4 -> 5 (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)
+-   => object self.ps, tensor self._modules['ps']._parameters['17']: size[0] changed 4 -> 5 (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)""", skip=1)  # noqa: E501
 
     def test_dict_key_order_guarded(self):
         d = {f"t{i}": torch.randn(4) for i in range(64)}
@@ -239,11 +264,13 @@ class TensorContainerGuardTests(ContainerTestCase):
         self.assertNotIn("EQUALS_MATCH", str(gm))  # key guards are in the native guard
 
         renamed = {("zz" if k == "t3" else k): v for k, v in d.items()}
-        self.assert_recompile_reason(
-            compiled, (renamed,), "d: key at position 3 changed 't3' -> 'zz'"
-        )
+        self.assertExpectedInline(self.recompile_reason(compiled, (renamed,)), """\
+- 0/0: d: key at position 3 changed 't3' -> 'zz'
+-   => object d: d key at position 3 changed 't3' -> 'zz'""", skip=1)
         reordered = dict(reversed(list(d.items())))
-        self.assert_recompile_reason(compiled, (reordered,), "d: key at position 0")
+        self.assertExpectedInline(self.recompile_reason(compiled, (reordered,)), """\
+- 0/0: d: key at position 0 changed 't0' -> 't63'
+-   => object d: d key at position 0 changed 't0' -> 't63'""", skip=1)
         self.assertEqual(compiled(dict(d)), values_add(d))
         self.assertEqual(cnt.frame_count, 1)
 
@@ -257,16 +284,18 @@ class TensorContainerGuardTests(ContainerTestCase):
         self.assertEqual(cnt.frame_count, 1)
         changed = dict(d)
         changed["t5"] = torch.randn(4, dtype=torch.float64)
-        self.assert_recompile_reason(
-            compiled, (changed, keys), "d['t5']: dtype changed float32 -> float64"
-        )
+        self.assertExpectedInline(self.recompile_reason(compiled, (changed, keys)), """\
+- 0/0: d['t5']: dtype changed float32 -> float64
+-   => object d, tensor d['t5']: dtype changed float32 -> float64""", skip=1)
 
         xs = [torch.randn(4) for _ in range(64)]
         fn, compiled, cnt = self.compile_once(foreach_add_star, *xs)
         self.assertEqual(native_guards(guard_manager_of(fn)), ["___tensor_container_0"])
         ys = list(xs)
         ys[9] = ys[9].t().clone().requires_grad_()
-        self.assert_recompile_reason(compiled, ys, "xs[9]: requires_grad changed")
+        self.assertExpectedInline(self.recompile_reason(compiled, ys), """\
+- 1/0: xs[9]: requires_grad changed False -> True
+-   => object xs, tensor xs[9]: requires_grad changed False -> True""", skip=1)
 
     def test_aliasing_across_containers_and_single_tensors(self):
         xs = [torch.randn(4) for _ in range(64)]
@@ -285,12 +314,12 @@ class TensorContainerGuardTests(ContainerTestCase):
 
         zs = list(ys)
         zs[5] = xs[3]
-        self.assert_recompile_reason(
-            compiled, (xs, zs, x), "xs[3] and ys[5] are the same tensor"
-        )
-        self.assert_recompile_reason(
-            compiled, (xs, ys, xs[0]), "xs[0] and x are the same tensor"
-        )
+        self.assertExpectedInline(self.recompile_reason(compiled, (xs, zs, x)), """\
+- 0/0: xs[3] and ys[5] are the same tensor, but the graph was compiled for distinct tensors
+-   => object xs: xs[3] and ys[5] are the same tensor now""", skip=1)
+        self.assertExpectedInline(self.recompile_reason(compiled, (xs, ys, xs[0])), """\
+- 0/0: xs[0] and x are the same tensor, but the graph was compiled for distinct tensors
+-   => object xs: xs[0] and x are the same tensor now""", skip=1)
         self.assertEqual(cnt.frame_count, 1)
 
     def test_dynamic_dims(self):
@@ -300,9 +329,11 @@ class TensorContainerGuardTests(ContainerTestCase):
         self.assertEqual(cnt.frame_count, 2)
         compiled([torch.randn(7, 3) for _ in range(64)])
         self.assertEqual(cnt.frame_count, 2)
-        self.assert_recompile_reason(
-            compiled, ([torch.randn(7, 2) for _ in range(64)],), "size[1] changed 3 -> 2"
-        )
+        self.assertExpectedInline(self.recompile_reason(compiled, ([torch.randn(7, 2) for _ in range(64)],)), """\
+- 0/1: xs[0]: size[1] changed 3 -> 2
+-   => object xs, tensor xs[0]: size[1] changed 3 -> 2
+- 0/0: xs[0]: size[0] changed 4 -> 7
+-   => object xs, tensor xs[0]: size[0] changed 4 -> 7""", skip=1)
 
     def test_skip_guard_eval_unsafe(self):
         # The diff guard root (skip_guard_eval_unsafe) keeps the container guard
@@ -349,18 +380,21 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
         big = 2**70
         cases = {
             # TensorAliasingGroup / TensorAliasingSlot
-            "add_tensor surrogate": ('ext.TensorAliasingGroup().add_tensor("\\ud800")', "UnicodeEncodeError"),
-            "add_tensor int": ("ext.TensorAliasingGroup().add_tensor(1)", "TypeError"),
-            "add_tensor None": ("ext.TensorAliasingGroup().add_tensor(None)", "TypeError"),
-            "add_tensor no args": ("ext.TensorAliasingGroup().add_tensor()", "TypeError"),
-            "add_tensor two args": ('ext.TensorAliasingGroup().add_tensor("a", "b")', "TypeError"),
-            "group with args": ("ext.TensorAliasingGroup(1)", "TypeError"),
+            "add_tensor surrogate": ('ext.TensorAliasingGroup([]).add_tensor("\\ud800", [])', "UnicodeEncodeError"),
+            "add_tensor int": ("ext.TensorAliasingGroup([]).add_tensor(1, [])", "TypeError"),
+            "add_tensor None": ("ext.TensorAliasingGroup([]).add_tensor(None, [])", "TypeError"),
+            "add_tensor no args": ("ext.TensorAliasingGroup([]).add_tensor()", "TypeError"),
+            "add_tensor parts not a list": ('ext.TensorAliasingGroup([]).add_tensor("a", ("x",))', "TypeError"),
+            "add_tensor three args": ('ext.TensorAliasingGroup([]).add_tensor("a", [], [])', "TypeError"),
+            "group without parts": ("ext.TensorAliasingGroup()", "TypeError"),
+            "group parts not a list": ("ext.TensorAliasingGroup(1)", "TypeError"),
+            "group two args": ("ext.TensorAliasingGroup([], [])", "TypeError"),
             "group with kwargs": ("ext.TensorAliasingGroup(x=1)", "TypeError"),
             "slot constructed": ("ext.TensorAliasingSlot()", "TypeError"),
-            "slot no args": ('ext.TensorAliasingGroup().add_tensor("a")()', "TypeError"),
-            "slot two args": ('ext.TensorAliasingGroup().add_tensor("a")(t, t)', "TypeError"),
-            "slot kwargs": ('ext.TensorAliasingGroup().add_tensor("a")(x=t)', "TypeError"),
-            "group explain any args": ("assert ext.TensorAliasingGroup().explain(1, None) is True", "no exception"),
+            "slot no args": ('ext.TensorAliasingGroup([]).add_tensor("a", [])()', "TypeError"),
+            "slot two args": ('ext.TensorAliasingGroup([]).add_tensor("a", [])(t, t)', "TypeError"),
+            "slot kwargs": ('ext.TensorAliasingGroup([]).add_tensor("a", [])(x=t)', "TypeError"),
+            "group explain any args": ("assert ext.TensorAliasingGroup([]).explain(1, None) is True", "no exception"),
             # TensorContainerGuard calls
             "guard constructed": ("ext.TensorContainerGuard()", "TypeError"),
             "guard no args": ("make()()", "TypeError"),
@@ -385,12 +419,14 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
             "kind unknown": ('make(kind="set")', "ValueError"),
             "name surrogate": ('make(name="x\\udcff")', "UnicodeEncodeError"),
             "name None": ("make(name=None)", "TypeError"),
-            "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None)", "TypeError"),
+            "elements None": ("ext.make_tensor_container_guard('list', 'xs', None, None, None, None, [])", "TypeError"),
             "elements tuple": (
-                "ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None)",
+                "ext.make_tensor_container_guard('list', 'xs', None, None, (rec(),), None, [])",
                 "TypeError",
             ),
             "too few arguments": ("ext.make_tensor_container_guard('list', 'xs')", "TypeError"),
+            "verbose_code_parts None": ("make(parts=None)", "TypeError"),
+            "verbose_code_parts a tuple": ("make(parts=('a',))", "TypeError"),
             "element a list": ("make(elements=[list(rec())])", "TypeError"),
             "element None": ("make(elements=[None])", "TypeError"),
             "element too short": ("make(elements=[rec()[:3]])", "ValueError"),
@@ -524,20 +560,25 @@ def mark_dynamic_0(t):
     torch._dynamo.mark_dynamic(t, 0)
 
 
-# field -> (in-place change of one tensor, what the recompile reason says). None of
-# them writes to a dict (or list): dict tags stay as they were.
+# field -> (in-place change of one tensor, the recompile reason after "name: "; {rg}
+# the requires_grad change, {param} the hint for parameters). None of them writes to a
+# dict (or list): dict tags stay as they were.
 IN_PLACE_CHANGES = {
-    "requires_grad": (
-        lambda t: t.requires_grad_(not t.requires_grad),
-        "requires_grad changed",
-    ),
+    "requires_grad": (lambda t: t.requires_grad_(not t.requires_grad), "requires_grad changed {rg}"),
     "dtype": (set_data(lambda d: d.double()), "dtype changed float32 -> float64"),
-    "size": (set_data(lambda d: torch.randn(5, 4)), "size[0] changed 4 -> 5"),
-    "stride": (transpose_, "stride[0] changed 4 -> 1"),
+    "size": (set_data(lambda d: torch.randn(5, 4)), "size[0] changed 4 -> 5{param}"),
+    "stride": (transpose_, "stride[0] changed 4 -> 1{param}"),
     "rank": (set_data(lambda d: d.unsqueeze(0)), "rank changed 2 -> 3"),
-    "dispatch keys": (set_data(lambda d: d._neg_view()), "dispatch key set changed"),
+    "dispatch keys": (
+        set_data(lambda d: d._neg_view()),
+        "dispatch key set changed DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU) -> "
+        "DispatchKeySet(CPU, BackendSelect, Negative, ADInplaceOrView, AutogradCPU)",
+    ),
     "dim marking": (mark_dynamic_0, "_dynamo_dynamic_indices was set after compilation"),
 }
+PARAMETER_HINT = (
+    " (a parameter; torch._dynamo.config.force_parameter_static_shapes = False allows dynamic shapes on parameters)"
+)
 
 
 @requires_extension
@@ -561,12 +602,17 @@ class ModuleContainerTests(ContainerTestCase):
             m, compiled, cnt, x = self.compile_holder(where)
             container, key, name = m.slot(5)
             t = container[key]
+            is_param = isinstance(t, torch.nn.Parameter)
+            fill = {
+                "rg": "True -> False" if t.requires_grad else "False -> True",
+                "param": PARAMETER_HINT if is_param else "",
+            }
             for field, (change, reason) in IN_PLACE_CHANGES.items():
                 with self.subTest(field=field):
                     data, requires_grad = t.data, t.requires_grad
                     change(t)
                     try:
-                        self.assert_recompile_reason(compiled, (x,), f"{name}: {reason}")
+                        self.assert_recompile_reason(compiled, (x,), f"{name}: {reason.format(**fill)}")
                     finally:
                         t.data = data
                         t.requires_grad_(requires_grad)
@@ -574,21 +620,20 @@ class ModuleContainerTests(ContainerTestCase):
                             del t._dynamo_dynamic_indices
                     self.assertEqual(compiled(x), m(x))
             # Writes to the container change its tag; still checked by the guard.
-            is_param = isinstance(t, torch.nn.Parameter)
             other = torch.randn(4, 4) if is_param else torch.nn.Parameter(t.clone())
             writes = {
                 "type": (
                     other,
-                    "type changed Parameter -> Tensor"
+                    f"{name}: type changed Parameter -> Tensor"
                     if is_param
-                    else "type changed Tensor -> Parameter",
+                    else f"{name}: type changed Tensor -> Parameter",
                 ),
             }
             if not is_param:  # parameters are not under the no-aliasing guard
                 _, _, other_name = m.slot(3)
                 writes["aliasing"] = (
                     container[m.slot(3)[1]],
-                    f"{other_name} and {name} are the same tensor",
+                    f"{other_name} and {name} are the same tensor, but the graph was compiled for distinct tensors",
                 )
             for field, (value, reason) in writes.items():
                 with self.subTest(field=field):
@@ -660,9 +705,9 @@ class ModuleContainerTests(ContainerTestCase):
             self.assertIn(
                 "___tensor_aliasing_group", guard_manager_of(Layer.forward).closure_vars
             )
-            self.assert_recompile_reason(
-                fa, (a.b, xs), "x and self._buffers['b'] are the same tensor"
-            )
+            self.assertExpectedInline(self.recompile_reason(fa, (a.b, xs)), """\
+- 0/0: x and self._buffers['b'] are the same tensor, but the graph was compiled for distinct tensors
+-   => object x: x and self._buffers['b'] are the same tensor now""", skip=1)
             expected_b = a.b * 2
             out = fa(a.b, xs)
             self.assertEqual(a.b, expected_b)
@@ -809,9 +854,9 @@ class DictItemTupleTests(ContainerTestCase):
         # Metadata changed in place, no write to any dict: recompiles once.
         GLOBAL_TENSORS[2].unsqueeze_(0)
         if size >= K:
-            self.assert_recompile_reason(
-                compiled, (x,), "G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2"
-            )
+            self.assertExpectedInline(self.recompile_reason(compiled, (x,)), """\
+- 0/0: G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2
+-   => object <globals and imports>, tensor G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2""", skip=1)
         for _ in range(2):
             out = compiled(x)
             self.assertEqual(out, add_global_tensors(x))
@@ -819,9 +864,11 @@ class DictItemTupleTests(ContainerTestCase):
         self.assertEqual(cnt.frame_count, 2)
         # An argument that is one of the global's tensors.
         if size >= K:
-            self.assert_recompile_reason(
-                compiled, (GLOBAL_TENSORS[4],), "G['GLOBAL_TENSORS'][4] and x are the same tensor"
-            )
+            self.assertExpectedInline(self.recompile_reason(compiled, (GLOBAL_TENSORS[4],)), """\
+- 0/2: G['GLOBAL_TENSORS'][4] and x are the same tensor, but the graph was compiled for distinct tensors
+-   => object <globals and imports>: G['GLOBAL_TENSORS'][4] and x are the same tensor now
+- 0/0: G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2
+-   => object <globals and imports>, tensor G['GLOBAL_TENSORS'][2]: rank changed 1 -> 2""", skip=1)
 
         # The global rebound to tensors of another dtype: recompiles once.
         self.set_global("GLOBAL_TENSORS", make(t.double() for t in GLOBAL_TENSORS))

@@ -5,6 +5,7 @@ import collections
 import copy
 import random
 import re
+import textwrap
 import types
 import unittest
 
@@ -111,11 +112,19 @@ def compile_opt(params, accel=True, opt=None):
 
 
 class RecompileReasonAssertions:
-    def assert_recompile_reason(self, compiled, reason, *args):
-        """compiled(*args) fails its guards, and the recompile reason names reason."""
+    def recompile_reason(self, compiled, *args):
+        """The guard failure(s) compiled(*args) recompiles for, as Dynamo logs them
+        (each reason and its explanation line), raised by error_on_recompile."""
         with config.patch(error_on_recompile=True):
-            with self.assertRaisesRegex(RecompileError, re.escape(reason)):
+            with self.assertRaises(RecompileError) as raised:
                 compiled(*args)
+        return textwrap.dedent(str(raised.exception).split("guard failure(s):\n", 1)[1])
+
+    def assert_recompile_reason(self, compiled, reason, *args):
+        """For cases parametrized by names: the first failure logged is exactly
+        reason (compile id left out)."""
+        logged = self.recompile_reason(compiled, *args).splitlines()[0]
+        self.assertEqual(re.sub(r"^- \d+/\d+: ", "", logged), reason)
 
 
 requires_extension = unittest.skipIf(
@@ -194,16 +203,20 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
         self.assertEqual(tree.count("KeyValueManager"), 3 + 3)  # param group; state[3]'s two keys, itself
         self.assertIn("the keys in order of the 15 dicts", gm.closure_vars["___tensor_container_nested_0"].summary())
         opt.state[params[3]][1] = "another"
-        self.assert_recompile_reason(compiled, "len(self.state[list(dict.keys(self.state))[3]]) != 2")
+        self.assertExpectedInline(self.recompile_reason(compiled), """\
+- 0/0: len(self.state[list(dict.keys(self.state))[3]]) != 2
+-   => object self.state: length of self.state[list(dict.keys(self.state))[3]] changed 2 -> 3""", skip=1)
         del opt.state[params[3]][1]
         opt.state[params[4]]["step"] = 1
-        self.assert_recompile_reason(compiled, "changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']")
+        self.assertExpectedInline(self.recompile_reason(compiled), """\
+- 0/0: self.state[list(dict.keys(self.state))[4]]['momentum_buffer']: the dict holding it changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']
+-   => object self.state, tensor self.state[list(dict.keys(self.state))[4]]['momentum_buffer']: the dict holding it changed keys ['momentum_buffer'] -> ['momentum_buffer', 'step']""", skip=1)  # noqa: E501
 
     def test_inner_keys_argument_is_validated(self):
         ext = guard_accel.extension()
         t = torch.randn(2)
         record = (0, "a", t, [2], [1], None, False, "d[k]['a']")
-        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None)
+        guard = ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", "b")}, [record], None, [])
         self.assertTrue(guard({"k": {"a": t, "b": 1}}))
         self.assertFalse(guard({"k": {"b": 1, "a": t}}))
         self.assertFalse(guard({"k": {"a": t}}))
@@ -217,11 +230,11 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
             "d[k]['a']: the dict holding it changed keys ['a', 'b'] -> ['a', <object object>]",
         )
         with self.assertRaisesRegex(ValueError, "position without records"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {1: ("a",)}, [record], None, [])
         with self.assertRaisesRegex(ValueError, "missing from the inner keys"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("b",)}, [record], None, [])
         with self.assertRaisesRegex(TypeError, "exact str"):
-            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None)
+            ext.make_tensor_container_guard("dict_nested", "d", dict, {0: ("a", 1)}, [record], None, [])
 
     def test_grads_alone_join_the_aliasing_group(self):
         # Only Parameters (exempt from no-aliasing) and their grads: the group
@@ -239,7 +252,9 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
         self.assertEqual(gm.closure_vars["___tensor_aliasing_group"].num_tensors(), 16)
         g = params[9].grad
         params[9].grad = params[2].grad
-        self.assert_recompile_reason(compiled, "[9].grad are the same tensor", params)
+        self.assertExpectedInline(self.recompile_reason(compiled, params), """\
+- 0/0: params[2].grad and params[9].grad are the same tensor, but the graph was compiled for distinct tensors
+-   => object params: params[2].grad and params[9].grad are the same tensor now""", skip=1)
         params[9].grad = g
         compiled(params)
         self.assertEqual(cnt.frame_count, 1)
@@ -293,7 +308,8 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
                                    f"{grads}[417].grad: requires_grad changed False -> True"),
             "grad aliasing": (lambda: setattr(p, "grad", params[3].grad),
                               lambda: setattr(p, "grad", g),
-                              f"{grads}[3].grad and {grads}[417].grad are the same tensor"),
+                              f"{grads}[3].grad and {grads}[417].grad are the same tensor, "
+                              "but the graph was compiled for distinct tensors"),
             "state dtype": (lambda: bufs[416].__setitem__("momentum_buffer", buf.double()),
                             lambda: bufs[416].__setitem__("momentum_buffer", buf),
                             f"{state_name}: dtype changed float32 -> float64"),
@@ -309,10 +325,12 @@ class NestedGuardTests(RecompileReasonAssertions, torch._dynamo.test_case.TestCa
                                      "['momentum_buffer'] -> ['step', 'momentum_buffer']"),
             "state aliasing": (lambda: bufs[416].__setitem__("momentum_buffer", bufs[3]["momentum_buffer"]),
                                lambda: bufs[416].__setitem__("momentum_buffer", buf),
-                               "are the same tensor"),
+                               "self.state[list(dict.keys(self.state))[3]]['momentum_buffer'] and "
+                               f"{state_name} are the same tensor, but the graph was compiled for distinct tensors"),
             "param swapped": (lambda: opt.param_groups[0]["params"].__setitem__(417, q),
                               lambda: opt.param_groups[0]["params"].__setitem__(417, p),
-                              f"{grads}[417] is list(dict.keys(self.state))[416]"),
+                              f"{grads}[417] is list(dict.keys(self.state))[416] failed: "
+                              "the objects are no longer identical"),
         }
         # Same metadata, new grads: no recompile.
         for x in params:
@@ -415,6 +433,9 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
         buf = states[11][key]
         q = torch.nn.Parameter(p.detach().clone())
         group = "self.param_groups[0]['params']"
+        keys = list(states[11])
+        state_11 = "self.state[list(dict.keys(self.state))[11]]"
+        state_item = f"{state_11}[list(dict.keys({state_11}))[{keys.index(key)}]]"
 
         def add_key():
             states[11]["extra"] = 1
@@ -427,13 +448,14 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
             "state buffer replaced": (
                 lambda: states[11].__setitem__(key, buf.clone()),
                 lambda: states[11].__setitem__(key, buf),
-                "is another object than the Tensor guarded by identity (ID_MATCH)",
+                f"{state_item}: is another object than the Tensor guarded by identity (ID_MATCH)",
             ),
             "grad None": (
                 lambda: setattr(p, "grad", None), None, f"{group}[11].grad: is None, expected a tensor",
             ),
             "state key added": (
-                add_key, lambda: states[11].pop("extra"), "the dict holding it changed keys",
+                add_key, lambda: states[11].pop("extra"),
+                f"{state_item}: the dict holding it changed keys {keys} -> {[*keys, 'extra']}",
             ),
         }
         for field, (mutate, restore, reason) in cases.items():
@@ -481,13 +503,13 @@ class TorchOptimIdentityTests(RecompileReasonAssertions, torch._dynamo.test_case
     def test_identity_record_argument_is_validated(self):
         ext = guard_accel.extension()
         t = torch.randn(2)
-        group = ext.TensorAliasingGroup()
+        group = ext.TensorAliasingGroup([])
         with self.assertRaisesRegex(ValueError, "takes no marks and no aliasing"):
             ext.make_tensor_container_guard(
-                "list", "xs", list, None, [(0, None, t, None, None, None, True, "xs[0]")], group
+                "list", "xs", list, None, [(0, None, t, None, None, None, True, "xs[0]")], group, []
             )
         guard = ext.make_tensor_container_guard(
-            "list", "xs", list, None, [(0, None, t, None, None, None, False, "xs[0]")], group
+            "list", "xs", list, None, [(0, None, t, None, None, None, False, "xs[0]")], group, []
         )
         self.assertTrue(guard([t]))
         self.assertFalse(guard([t.clone()]))
@@ -744,13 +766,15 @@ class BadArgumentTests(torch._dynamo.test_case.TestCase):
 
     def test_construction_and_calls_raise_python_errors(self):
         big = 2**70
-        ident = "ext.make_object_identity_guard"
+        ident = "ident"
         ok_base = '(None, [(True, "params")], False)'
         ok_pair = '(0, 0, 0, 1, "a is b")'
         cases = {
             "bases None": (f"{ident}(None, [])", "TypeError"),
             "pairs None": (f"{ident}([], None)", "TypeError"),
-            "one argument": (f"{ident}([])", "TypeError"),
+            "one argument": ("ext.make_object_identity_guard([])", "TypeError"),
+            "two arguments": ("ext.make_object_identity_guard([], [])", "TypeError"),
+            "verbose_code_parts None": (f"{ident}([], [], None)", "TypeError"),
             "base a list": (f'{ident}([[None, [], False]], [])', "TypeError"),
             "base too short": (f"{ident}([(None, [])], [])", "ValueError"),
             "base name an int": (f"{ident}([(1, [], False)], [])", "ValueError"),

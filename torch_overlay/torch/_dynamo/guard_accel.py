@@ -526,7 +526,8 @@ class TensorContainerPlan:
     def install(self, builder: GuardBuilder) -> None:
         """The container guards, the frame's aliasing group and the identity pairs."""
         self._prepare(builder)
-        group = self.extension.TensorAliasingGroup()
+        # Its second part names the final count of tensors: appended at install.
+        group = self.extension.TensorAliasingGroup(["___tensor_aliasing_group.explain()"])
         nested = [c for c in self.containers if c.kind == "dict_nested"]
         flat = [c for c in self.containers if c.kind != "dict_nested"]
         for i, container in enumerate(nested):
@@ -554,19 +555,17 @@ class TensorContainerPlan:
         ref = builder.arg_ref(container.name)
         dict_type, ordered_keys = container.guard_arguments()
         records = container.sorted_records()
-        guard_fn = self.extension.make_tensor_container_guard(
-            container.kind, ref, dict_type, ordered_keys, records, group
-        )
-        self.closure_vars[var] = guard_fn
-        node = container.node(builder)
         # Recompile reasons evaluate the parts in order: the first one evaluates to
         # the reason ("xs[417]: dtype changed float32 -> float64").
         verbose_code_parts = get_verbose_code_parts(
             [f"{var}.explain({ref})", f"{var}({ref})"], container.guard
         )
-        add_native_guard(
-            builder, node, guard_fn, verbose_code_parts, container.guard.user_stack
+        guard_fn = self.extension.make_tensor_container_guard(
+            container.kind, ref, dict_type, ordered_keys, records, group, verbose_code_parts
         )
+        self.closure_vars[var] = guard_fn
+        node = container.node(builder)
+        add_native_guard(builder, node, guard_fn, container.guard.user_stack)
         if container.diff_source:
             builder.guard_manager.diff_guard_sources.add(node.get_source())
         log.debug("%s: %d tensors checked by one TensorContainerGuard", ref, len(records))
@@ -584,23 +583,15 @@ class TensorContainerPlan:
         names = builder.no_tensor_aliasing_names
         if group.num_tensors() + len(names) <= 1:
             return  # a single tensor cannot alias; the group stays unused
-        for name, manager in zip(names, builder.no_tensor_aliasing_guard_managers):
-            add_native_guard(
-                builder,
-                manager,
-                group.add_tensor(name),
-                [f"___tensor_aliasing_group  # records {name} for the no-aliasing check"],
-                None,
-            )
+        for i, (name, manager) in enumerate(zip(names, builder.no_tensor_aliasing_guard_managers)):
+            var = f"___tensor_aliasing_slot_{i}"
+            slot = group.add_tensor(name, [f"{var}  # records {name} for the no-aliasing check"])
+            self.closure_vars[var] = slot
+            add_native_guard(builder, manager, slot, None)
         self.closure_vars["___tensor_aliasing_group"] = group
-        builder.guard_manager.root.add_epilogue_lambda_guard(
-            group,
-            [
-                "___tensor_aliasing_group.explain()",
-                f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors",
-            ],
-            None,
-        )
+        parts = group.verbose_code_parts()
+        parts.append(f"___tensor_aliasing_group()  # no aliasing among {group.num_tensors()} tensors")
+        builder.guard_manager.root.add_epilogue_lambda_guard(group, parts, None)
 
     def _install_identity(self, builder: GuardBuilder) -> None:
         if not self.identity_pairs:
@@ -627,28 +618,25 @@ class TensorContainerPlan:
             # Shown without L[...], as recompile reasons show sources.
             text = re.sub(r"\bL\['([A-Za-z_]\w*)'\]", r"\1", f"{ref_b} is {ref_a}")
             pairs.append((base_of(item_a), item_a.index, base_of(item_b), item_b.index, text))
-        identity = self.extension.make_object_identity_guard(bases, pairs)
-        # The guard_accel prefix: explain_guards lists it as an accelerated guard.
-        var = "___tensor_container_identity"
-        self.closure_vars[var] = identity
         from .guards import get_verbose_code_parts
 
+        var = "___tensor_container_identity"
         first = self.identity_pairs[0].guard
         arg = builder.arg_ref(local.name) if local is not None else "L"
         code_parts = get_verbose_code_parts(
             [f"{var}.explain({arg})", f"{var}({arg})  # {len(pairs)} `is` pairs of container items"],
             first,
         )
+        identity = self.extension.make_object_identity_guard(bases, pairs, code_parts)
+        self.closure_vars[var] = identity
         if local is not None:
             add_native_guard(
-                builder,
-                builder.get_guard_manager_from_source(local),
-                identity,
-                code_parts,
-                first.user_stack,
+                builder, builder.get_guard_manager_from_source(local), identity, first.user_stack
             )
         else:
-            builder.guard_manager.root.add_epilogue_lambda_guard(identity, code_parts, None)
+            builder.guard_manager.root.add_epilogue_lambda_guard(
+                identity, identity.verbose_code_parts(), None
+            )
 
 
 def plan_tensor_containers(
@@ -921,13 +909,7 @@ def second_node(builder: GuardBuilder, container: Container) -> Any:
     return parent.getitem_manager(key=source.index, **kwargs)
 
 
-def add_native_guard(
-    builder: GuardBuilder,
-    node: Any,
-    guard: Any,
-    verbose_code_parts: list[str],
-    user_stack: Any,
-) -> None:
+def add_native_guard(builder: GuardBuilder, node: Any, guard: Any, user_stack: Any) -> None:
     """Install a native guard on node and keep node out of dict tag matching.
 
     With config.use_recursive_dict_tags_for_guards, a tag safe node is skipped while
@@ -938,7 +920,9 @@ def add_native_guard(
     t_()), and a skipped member of the aliasing group would keep the identities
     recorded for another module run through the same code.
     """
-    node.add_lambda_guard(guard, verbose_code_parts, user_stack)
+    # The guard's own list: the LAMBDA_GUARD leaf returns it from verbose_code_parts(),
+    # so explain_guards finds the native guard of a leaf by identity.
+    node.add_lambda_guard(guard, guard.verbose_code_parts(), user_stack)
     builder.guard_manager.tag_unsafe_sources.add(node.get_source())
 
 

@@ -66,88 +66,123 @@ KIND_CATEGORY = {
 OTHER_KIND_TEXT = {
     "DISPATCH_KEY_SET_MATCH": ("dispatch key set check", "dispatch key set checks"),
     "DUAL_LEVEL_MATCH": ("forward-AD dual level check", "forward-AD dual level checks"),
+    "LAMBDA_GUARD": ("Python check", "Python checks"),
 }
-# Names under which torch/_dynamo/guard_accel.py installs its native guards.
-ACCELERATED_CONTAINER_PREFIX = "___tensor_container_"
-ACCELERATED_ALIASING_PREFIX = "___tensor_aliasing_group"
 GLOBAL_STATE_GROUP = "<global state>"
 NO_ALIASING_GROUP = "<no-aliasing check>"
 GLOBALS_GROUP = "<globals and imports>"
+# Python lambda guards at the root: symbolic shape relations and `a is b` checks
+# between inputs (each of their code parts is one check).
+RELATIONS_GROUP = "<relations between inputs>"
+# A frame label of init_values_once (see variables/init_once.py, _label_guards).
+_INIT_ONCE_LABEL = re.compile(r"(init_values_once\[.*\]) of ")
 
 _LOCAL = re.compile(r"L\['([^']+)'\]")
-_SOURCE = re.compile(r"(?:L|G)\[[^\]]+\](?:\.[A-Za-z_]\w*|\[[^\]]*\])*")
-_TENSOR_CHECK = re.compile(
-    r"check_tensor\((?P<src>.+?), (?P<type>\w+), DispatchKeySet\([^)]*\), (?P<dtype>torch\.\w+), "
-    r"device=(?P<device>[^,]+), requires_grad=(?P<rg>\w+), size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]"
-)
-_FEATURE_SPEC = re.compile(r"in (init_values_once\[[^\]]*\])")
-_TENSOR_FAILURE = re.compile(
-    r"tensor '(?P<src>.+?)' (?P<field>[\w ]+?) mismatch(?: at index (?P<index>\d+))?\. "
-    r"expected (?P<old>.+?), actual (?P<new>[^\n]+)"
-)
 
 
 @dataclasses.dataclass
-class GuardLine:
-    source: str  # the guard manager's source, e.g. L['self'].step
-    kind: str  # leaf guard class name, e.g. TYPE_MATCH
-    code: str  # the check, without the user-stack comment
-    comment: str  # where it was installed (user stack), may be empty
+class GuardLeaf:
+    """One check of the guard tree, as read from it."""
 
-    @property
-    def category(self) -> str:
-        if self.kind == "LAMBDA_GUARD":
-            if self.code.startswith(ACCELERATED_CONTAINER_PREFIX):
-                return "accelerated container"
-            if self.code.startswith(ACCELERATED_ALIASING_PREFIX):
-                return "tensor bookkeeping"
-            if "L[" not in self.code:
-                return "global state"
-            return "aliasing" if " is " in self.code else "relation"
-        if self.kind == "EQUALS_MATCH" and self.source.startswith("list(dict.keys("):
-            return "contents"  # a dict key, under its DictGuardManager
-        return KIND_CATEGORY.get(self.kind, "other")
+    source: str  # source of the node the leaf guard is on; "" at the root
+    kind: str  # leaf guard class, e.g. TYPE_MATCH (LAMBDA_GUARD for a Python or native callable)
+    category: str  # what it checks, in words (KIND_CATEGORY and the node it is on)
+    code: str = ""  # its first verbose code part, without the user stack, for display only
+    value_type: type | None = None  # type of the node's value
+    grad: bool = False  # the node is a tensor's .grad (reached by GradGuardAccessor)
+    native: Any = None  # the native guard object behind a LAMBDA_GUARD, if any
 
 
-def _split_comment(part: str) -> tuple[str, str]:
-    code, sep, comment = part.partition("  # ")
-    return code.strip(), comment.strip() if sep else ""
+def _code(part: str) -> str:
+    """A verbose code part shown without its `  # user stack` suffix (display only)."""
+    return part.split("  # ", 1)[0].strip()
 
 
-def _walk(manager: Any, out: list[GuardLine]) -> None:
+def _native_guards(closure_vars: dict[str, Any]) -> dict[int, Any]:
+    """Native guard objects by the identity of their verbose_code_parts list: a guard
+    that owns its code parts (as a LeafGuard does) is installed with that same
+    list, which its LAMBDA_GUARD leaf returns."""
+    found = {}
+    for value in closure_vars.values():
+        parts = getattr(value, "verbose_code_parts", None)
+        if callable(parts) and not isinstance(value, type):
+            try:
+                found[id(parts())] = value
+            except TypeError:
+                continue  # a verbose_code_parts of something else, taking arguments
+    return found
+
+
+def _leaf_category(kind: str, native: Any, key_node: bool) -> str:
+    if native is not None:
+        # Native guards that describe themselves replace per-tensor guards; the
+        # others (no-aliasing group and its slots) are tensor bookkeeping.
+        return "accelerated container" if hasattr(native, "summary") else "tensor bookkeeping"
+    if key_node and kind == "EQUALS_MATCH":
+        return "contents"  # a dict key, under its DictGuardManager
+    return KIND_CATEGORY.get(kind, "other")
+
+
+def guard_leaves(guard_manager: Any) -> list[GuardLeaf]:
+    """Every check of one cache entry's guard tree (GuardManagerWrapper): each leaf
+    guard of each node, relational guards once, the root's Python relation lambdas
+    one per code part."""
     from torch._C._dynamo.guards import DictGuardManager
 
-    source = manager.get_source()
-    for leaf in manager.get_leaf_guards():
-        for part in leaf.verbose_code_parts():
-            code, comment = _split_comment(part)
-            out.append(GuardLine(source, type(leaf).__name__, code, comment))
-    if isinstance(manager, DictGuardManager):
-        for _, (key_mgr, value_mgr) in sorted(manager.get_key_value_managers().items()):
-            for child in (key_mgr, value_mgr):
-                if child is not None:
-                    _walk(child, out)
-    for child in manager.get_child_managers():
-        _walk(child, out)
+    natives = _native_guards(getattr(guard_manager, "closure_vars", None) or {})
+    out: list[GuardLeaf] = []
+    seen: set[int] = set()  # verbose_code_parts lists: a relational guard is on every node it relates
 
+    def add_leaves(manager: Any, source: str, grad: bool, key_node: bool) -> None:
+        value_type = manager.get_type_of_guarded_value()
+        for leaf in manager.get_leaf_guards():
+            parts = leaf.verbose_code_parts()
+            if id(parts) in seen:
+                continue
+            seen.add(id(parts))
+            kind = type(leaf).__name__
+            native = natives.get(id(parts)) if kind == "LAMBDA_GUARD" else None
+            category = _leaf_category(kind, native, key_node)
+            code = _code(parts[0]) if parts else ""
+            out.append(GuardLeaf(source, kind, category, code, value_type, grad, native))
 
-def guard_lines(guard_manager: Any) -> list[GuardLine]:
-    """Every leaf guard of one cache entry's guard tree, relational guards once."""
+    def walk(manager: Any, grad: bool = False, key_node: bool = False) -> None:
+        add_leaves(manager, manager.get_source(), grad, key_node)
+        if isinstance(manager, DictGuardManager):
+            for _, (key_mgr, value_mgr) in sorted(manager.get_key_value_managers().items()):
+                if key_mgr is not None:
+                    walk(key_mgr, key_node=True)
+                if value_mgr is not None:
+                    walk(value_mgr)
+        for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
+            walk(child, grad=type(accessor).__name__ == "GradGuardAccessor")
+
     root = guard_manager.root
-    out: list[GuardLine] = []
-    _walk(root, out)
-    for leaf in root.get_epilogue_lambda_guards():
-        for part in leaf.verbose_code_parts():
-            code, comment = _split_comment(part)
-            out.append(GuardLine("", type(leaf).__name__, code, comment))
-    seen, unique = set(), []
-    for line in out:  # relational guards hang off every source they relate
-        key = (line.kind, line.code)
-        if line.kind in ("NO_TENSOR_ALIASING",) and key in seen:
+    for accessor, child in zip(root.get_accessors(), root.get_child_managers()):
+        walk(child, grad=type(accessor).__name__ == "GradGuardAccessor")
+    aliasing = getattr(guard_manager, "aliasing_sources", {})
+    epilogue = root.get_epilogue_lambda_guards()
+    for leaf in [*root.get_leaf_guards(), *epilogue]:
+        parts = leaf.verbose_code_parts()
+        kind = type(leaf).__name__
+        native = natives.get(id(parts)) if kind == "LAMBDA_GUARD" else None
+        if kind == "LAMBDA_GUARD" and native is None:
+            if leaf in epilogue:
+                # add_python_lambda_leaf_guard_to_root: one Python function checking
+                # relations between inputs, one per part: `a is b` (DUPLICATE_INPUT,
+                # under a's object) and symbolic shape relations.
+                for part in parts:
+                    if part in aliasing:
+                        out.append(GuardLeaf(aliasing[part][0], kind, "aliasing", _code(part)))
+                    else:
+                        out.append(GuardLeaf("", kind, "relation", _code(part)))
+            else:
+                # Run before any input is read: functorch, saved-tensor hooks.
+                out.append(GuardLeaf("", kind, "global state", _code(parts[0]) if parts else ""))
             continue
-        seen.add(key)
-        unique.append(line)
-    return unique
+        out.append(GuardLeaf("", kind, _leaf_category(kind, native, False), _code(parts[0]) if parts else "",
+                             native=native))
+    return out
 
 
 def user_object(source: str) -> str:
@@ -167,13 +202,14 @@ def user_object(source: str) -> str:
     return match.group(0) if match else path
 
 
-def _object_of_line(line: GuardLine) -> str:
-    if line.code.startswith(ACCELERATED_ALIASING_PREFIX):
+def _object_of(leaf: GuardLeaf) -> str:
+    if leaf.source:
+        return user_object(leaf.source)
+    if leaf.native is not None and not hasattr(leaf.native, "summary"):
         return NO_ALIASING_GROUP
-    if line.source in ("", "L"):
-        found = _SOURCE.search(line.code)
-        return user_object(found.group(0)) if found else GLOBAL_STATE_GROUP
-    return user_object(line.source)
+    if leaf.category == "global state":
+        return GLOBAL_STATE_GROUP
+    return RELATIONS_GROUP
 
 
 def _scalar_places() -> dict[str, str]:
@@ -206,19 +242,21 @@ def _kind_text(kind: str, n: int) -> str:
     return f"{n} {singular if n == 1 else plural}"
 
 
-def _describe_tensors(lines: list[GuardLine]) -> str:
-    checks = [m for m in (_TENSOR_CHECK.search(line.code) for line in lines) if m]
-    if not checks:
+def _describe_tensors(leaves: list[GuardLeaf], facts: dict[str, tuple[Any, int]]) -> str:
+    """TENSOR_MATCH leaves: their nodes' value types, and the dtype and dynamic dims
+    GuardBuilder.TENSOR_MATCH recorded (GuardManagerWrapper.tensor_match_facts)."""
+    if not leaves:
         return ""
-    kinds = collections.Counter(m["type"] for m in checks)
-    dtypes = collections.Counter(m["dtype"].removeprefix("torch.") for m in checks)
-    dynamic = sum(m["size"].split(", ").count("None") for m in checks)
-    grads = sum(1 for m in checks if m["src"].endswith(".grad"))
+    kinds = collections.Counter(leaf.value_type.__name__ if leaf.value_type else "Tensor" for leaf in leaves)
+    recorded = [facts[leaf.source] for leaf in leaves if leaf.source in facts]
+    dtypes = collections.Counter(str(dtype).removeprefix("torch.") for dtype, _ in recorded)
+    dynamic = sum(n for _, n in recorded)
+    grads = sum(1 for leaf in leaves if leaf.grad)
     what = ", ".join(_plural(n, k) for k, n in kinds.most_common())
     if len(dtypes) == 1:
-        dtype_text = f"dtype {next(iter(dtypes))}" if len(checks) == 1 else f"all {next(iter(dtypes))}"
+        dtype_text = f"dtype {next(iter(dtypes))}" if len(leaves) == 1 else f"all {next(iter(dtypes))}"
     else:
-        dtype_text = ", ".join(f"{n} {d}" for d, n in dtypes.most_common())
+        dtype_text = ", ".join(f"{n} {d}" for d, n in dtypes.most_common()) or "dtype not recorded"
     text = f"tensor metadata of {what} ({dtype_text}"
     text += f"; {grads} of them grads" if grads else ""
     text += "): dtype, device, shape, stride, requires_grad"
@@ -226,29 +264,13 @@ def _describe_tensors(lines: list[GuardLine]) -> str:
     return text
 
 
-def _describe_accelerated(lines: list[GuardLine], closure_vars: dict[str, Any]) -> list[str]:
-    parts = []
-    for line in lines:
-        if ".explain(" in line.code:
-            continue  # the same guard's reason part
-        name = line.code.split("(", 1)[0]
-        guard = closure_vars.get(name)
-        if hasattr(guard, "summary"):  # the native guard says what it checks
-            parts.append(guard.summary())
-            continue
-        count = guard.num_tensors() if hasattr(guard, "num_tensors") else "?"
-        parts.append(f"tensor metadata of {count} tensors in one native TensorContainerGuard "
-                     "(type, dispatch keys, dtype, device, shape, stride, requires_grad, identity)")
-    return parts
-
-
-def _summarise(obj: str, lines: list[GuardLine], scalars: dict[str, str],
-               closure_vars: dict[str, Any] | None = None) -> list[str]:
+def _summarise(obj: str, leaves: list[GuardLeaf], scalars: dict[str, str],
+               facts: dict[str, tuple[Any, int]] | None = None, labels: list[str] | None = None) -> list[str]:
     by_category = collections.defaultdict(list)
-    for line in lines:
-        by_category[line.category].append(line)
+    for leaf in leaves:
+        by_category[leaf.category].append(leaf)
     parts = []
-    accelerated = _describe_accelerated(by_category.get("accelerated container", []), closure_vars or {})
+    accelerated = [leaf.native.summary() for leaf in by_category.get("accelerated container", [])]
     parts.extend(accelerated)
     if by_category.get("identity"):
         parts.append(f"identity of {_plural(len(by_category['identity']), 'object')}")
@@ -256,21 +278,23 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: dict[str, str],
         parts.append(f"type of {_plural(len(by_category['type']), 'object')}")
     if by_category.get("contents"):
         parts.append(f"contents ({_plural(len(by_category['contents']), 'key/length check')})")
-    tensors = _describe_tensors(by_category.get("tensor", []))
+    tensors = _describe_tensors(by_category.get("tensor", []), facts or {})
     if tensors:
         parts.append(tensors)
-    if by_category.get("tensor bookkeeping"):
-        bookkeeping = by_category["tensor bookkeeping"]
-        markers = sum(1 for line in bookkeeping if line.kind == "DIMENSION_DYNAMIC_MARKING_GUARD")
-        aliasing_checks = sum(1 for line in bookkeeping if line.kind == "NO_TENSOR_ALIASING")
-        native = closure_vars.get(ACCELERATED_ALIASING_PREFIX) if closure_vars else None
+    bookkeeping = by_category.get("tensor bookkeeping", [])
+    if bookkeeping:
+        markers = sum(1 for leaf in bookkeeping if leaf.kind == "DIMENSION_DYNAMIC_MARKING_GUARD")
+        # NO_TENSOR_ALIASING, or a tensor's slot in the native no-aliasing group
+        aliasing_checks = sum(
+            1 for leaf in bookkeeping if leaf.kind == "NO_TENSOR_ALIASING" or (leaf.native is not None and leaf.source)
+        )
+        groups = [leaf.native for leaf in bookkeeping if leaf.native is not None and not leaf.source]
         texts = []
         if markers:
             texts.append(_plural(markers, "dynamic-dim marker check"))
         if aliasing_checks:
             texts.append(_plural(aliasing_checks, "no-aliasing check"))
-        if native is not None and obj == NO_ALIASING_GROUP:
-            texts.append(f"one native no-aliasing check over {native.num_tensors()} tensors")
+        texts.extend(f"one native no-aliasing check over {group.num_tensors()} tensors" for group in groups)
         if texts:
             parts.append(", ".join(texts))
     aliasing = by_category.get("aliasing", [])
@@ -278,22 +302,24 @@ def _summarise(obj: str, lines: list[GuardLine], scalars: dict[str, str],
         parts.append(f"{_plural(len(aliasing), 'same-object check')} (e.g. {_unlocal(aliasing[0].code)})")
     if by_category.get("not None"):
         parts.append(f"presence of {_plural(len(by_category['not None']), 'value')} (not None)")
-    for line in by_category.get("value", [])[:3]:
-        parts.append(f"value: {_unlocal(line.code)}")
+    for leaf in by_category.get("value", [])[:3]:
+        parts.append(f"value: {_unlocal(leaf.code)}")
     if len(by_category.get("value", [])) > 3:
         parts.append(f"... {len(by_category['value']) - 3} more value checks")
-    for line in by_category.get("relation", [])[:3]:
-        parts.append(f"relation: {_unlocal(line.code)}")
+    for leaf in by_category.get("relation", [])[:3]:
+        parts.append(f"relation: {_unlocal(leaf.code)}")
+    if len(by_category.get("relation", [])) > 3:
+        parts.append(f"... {len(by_category['relation']) - 3} more relations")
     if by_category.get("global state"):
         parts.append("grad mode, autocast, default device, torch function modes")
     if by_category.get("other"):
-        kinds = collections.Counter(line.kind for line in by_category["other"])
+        kinds = collections.Counter(leaf.kind for leaf in by_category["other"])
         parts.append(", ".join(_kind_text(k, n) for k, n in kinds.most_common()))
-    features = sorted({m.group(1) for line in lines if (m := _FEATURE_SPEC.search(line.comment))})
+    features = list(labels or [])
     if accelerated:
         features.append("accelerated container guard")
     features += [f"scalar place: {how}" for name, how in sorted(scalars.items()) if user_object(name) == obj][:1]
-    header = f"{obj}: {_plural(len(lines), 'guard')}"
+    header = f"{obj}: {_plural(len(leaves), 'guard')}"
     if features:
         header += f"  [{', '.join(features)}]"
     return [header] + [f"    {part}" for part in parts]
@@ -323,21 +349,25 @@ def _cache_entries(fn_or_module: Any) -> tuple[str, list[Any]]:
 
 
 def explain_entry(guard_manager: Any, *, full: bool = False) -> list[str]:
-    lines = guard_lines(guard_manager)
-    groups: dict[str, list[GuardLine]] = collections.defaultdict(list)
-    for line in lines:
-        groups[_object_of_line(line)].append(line)
+    leaves = guard_leaves(guard_manager)
+    groups: dict[str, list[GuardLeaf]] = collections.defaultdict(list)
+    for leaf in leaves:
+        groups[_object_of(leaf)].append(leaf)
     scalars = _scalar_places()
-    counts = collections.Counter(line.category for line in lines)
+    facts = getattr(guard_manager, "tensor_match_facts", {})
+    labels: dict[str, set[str]] = collections.defaultdict(set)
+    for source, label in getattr(guard_manager, "guard_labels", {}).items():
+        match = _INIT_ONCE_LABEL.match(label)
+        labels[user_object(source)].add(match.group(1) if match else label)
+    counts = collections.Counter(leaf.category for leaf in leaves)
     out = [
-        f"{_plural(len(lines), 'guard')} on {_plural(len(groups), 'object')}: "
+        f"{_plural(len(leaves), 'guard')} on {_plural(len(groups), 'object')}: "
         + ", ".join(f"{category} {n}" for category, n in counts.most_common())
     ]
-    closure_vars = getattr(guard_manager, "closure_vars", None) or {}
     for obj, group in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
-        out.extend("  " + text for text in _summarise(obj, group, scalars, closure_vars))
+        out.extend("  " + text for text in _summarise(obj, group, scalars, facts, sorted(labels.get(obj, ()))))
         if full:
-            out.extend(f"      | {line.kind}: {line.code}" for line in group)
+            out.extend(f"      | {leaf.kind}: {leaf.code}" for leaf in group)
     return out
 
 
@@ -355,6 +385,21 @@ def explain_guards(fn_or_module: Any, *, full: bool = False, file: Any = None) -
     return text
 
 
+# Recompile reasons (describe_guard_failure) are text: what Dynamo logs and stores.
+_TENSOR_FAILURE = re.compile(
+    r"tensor '(?P<src>.+?)' (?P<field>[\w ]+?) mismatch(?: at index (?P<index>\d+))?\. "
+    r"expected (?P<old>.+?), actual (?P<new>[^\n]+)"
+)
+# Reasons of native guards (torch._dynamo._guard_accel): "<element>: <field> changed
+# <old> -> <new>" and the like, "<a> and <b> are the same tensor, ...", "<a> is <b>
+# failed: ...".
+_NATIVE_REASON = re.compile(
+    r"(?P<src>\S.*?): (?P<what>(?:[\w ]+|size\[\d+\]|stride\[\d+\]) changed .+|the dict holding it changed .+"
+    r"|is None, expected a tensor|is a tensor, expected None|missing from the container|is another object than .+"
+    r"|_dynamo_\w+ (?:is not a subset of|was set after) .+)"
+)
+_SAME_TENSOR = re.compile(r"(?P<a>\S.*?) and (?P<b>\S.*?) are the same tensor, but .+")
+_NOT_IDENTICAL = re.compile(r"(?P<a>\S.*?) is (?P<b>\S.*?) failed: the objects are no longer identical")
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[[^\]]*\])*")
 _STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(-?\d+|'[^'\\]*'|\"[^\"\\]*\")\]")
 _UNAVAILABLE = "<unavailable>"
@@ -419,6 +464,11 @@ def _resolve(expression: str, scope: dict[str, Any]) -> Any:
         return _MISSING
     value, pos = scope[match.group(0)], match.end()
     while pos < len(expression):
+        if expression.startswith("[list(dict.keys(", pos):
+            value, pos = _item_by_key_position(value, expression, pos, scope)
+            if value is _MISSING:
+                return _MISSING
+            continue
         step = _STEP.match(expression, pos)
         if step is None:
             return _MISSING
@@ -437,6 +487,28 @@ def _resolve(expression: str, scope: dict[str, Any]) -> Any:
             return _MISSING
         pos = step.end()
     return value
+
+
+def _item_by_key_position(container: Any, expression: str, pos: int, scope: dict[str, Any]) -> tuple[Any, int]:
+    """container[list(dict.keys(d))[i]] (a step from `pos`, Dynamo's source of a dict
+    item behind a non-constant key, e.g. an optimizer's state of a parameter), and the
+    position after it. The key is found by position and the item by identity: no
+    __hash__ or __eq__ of the user's runs. (_MISSING, pos) when it cannot be read so."""
+    depth, end = 0, pos
+    for end in range(pos, len(expression)):
+        depth += {"[": 1, "]": -1}.get(expression[end], 0)
+        if depth == 0:
+            break
+    inner = re.fullmatch(r"list\(dict\.keys\((?P<d>.+)\)\)\[(?P<i>\d+)\]", expression[pos + 1:end])
+    if depth != 0 or inner is None or not issubclass(type(container), dict):
+        return _MISSING, pos
+    keys_of = _resolve(inner["d"], scope)
+    index = int(inner["i"])
+    if not issubclass(type(keys_of), dict) or index >= dict.__len__(keys_of):
+        return _MISSING, pos
+    key = list(dict.keys(keys_of))[index]
+    found = next((v for k, v in dict.items(container) if k is key), _MISSING)
+    return found, end + 1
 
 
 def _safe_repr(value: Any, depth: int = 0) -> str:
@@ -498,9 +570,18 @@ def describe_guard_failure(reason: str, scope: dict[str, Any]) -> str | None:
         field = tensor["field"] + (f"[{tensor['index']}]" if tensor["index"] else "")
         return f"object {user_object(src)}, tensor {src}: {field} changed {tensor['old']} -> {tensor['new']}"
     code = reason.split("\n", 1)[0].split("  #", 1)[0].strip()
-    native = re.fullmatch(r"(?P<src>[A-Za-z_][\w.\[\]']*): (?P<what>.+ changed .+)", code)
-    if native:  # a TensorContainerGuard's own explanation
-        return f"object {user_object(native['src'])}, tensor {native['src']}: {native['what']}"
+    native = _NATIVE_REASON.fullmatch(code)
+    if native:  # a native guard's own reason names the element (or container) and the field
+        src, what = native["src"], native["what"]
+        if what.startswith(("key at position ", "length changed ", "type changed to ")):
+            return f"object {user_object(src)}: {src} {what}"
+        return f"object {user_object(src)}, tensor {src}: {what}"
+    same = _SAME_TENSOR.fullmatch(code)
+    if same:
+        return f"object {user_object(same['a'])}: {same['a']} and {same['b']} are the same tensor now"
+    identical = _NOT_IDENTICAL.fullmatch(code)
+    if identical:
+        return f"object {user_object(identical['a'])}: {identical['a']} is no longer {identical['b']}"
     code = re.sub(r", type=<class '[^']*'>$", "", code)  # TYPE_MATCH / ID_MATCH suffix
     checks = (
         (r"len\((?P<src>.+)\) == (?P<old>\d+)", "length of {src} changed {old} -> {now}", "len"),
