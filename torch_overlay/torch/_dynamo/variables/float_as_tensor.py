@@ -1,26 +1,23 @@
-"""Float attributes of nn.Modules that a compiled frame mutates, traced as 0-d float64
-tensor graph inputs.
+"""Floats a compiled frame stores new values to, traced as 0-d float64 tensor graph
+inputs (the FLOAT_TENSOR places of torch/_dynamo/scalar_places.py).
 
-Without this module Dynamo specializes a float attribute on its value on the first compile and makes
-it a SymFloat once it has changed (automatic dynamic). A decay such as
+Without this file Dynamo specializes such a float on its value on the first compile
+and makes it a SymFloat once it has changed (automatic dynamic). A decay such as
 ``self.temp *= 0.9`` so compiles twice, guards with ``not math.isnan(...)`` (a Python
 lambda at the root of the guard tree), and under AOTAutograd the SymFloat the graph
 returns for the write-back is specialized by _tensorify_python_scalars: one compile per
 value (and, with assume_static_by_default=False, a stale value under inductor).
 
-As for ints (module_scalars.py), the frame tells a mutated float apart by storing a new
-value to it: module_scalars' store hook hands the store to `mark_stored_float`, which
-marks the attribute's source on the root frame's
-PGO CodeState; the trace restarts once for all places it marks (module_scalars.py).
-On the restarted trace the attribute becomes a
-graph input passed as a 0-d float64 tensor (the tensor wrap_symfloat builds before its
-item(), without a backed item() symbol), held by a ModuleFloatVariable. The shape
-environment never sees the value: no guard on it, no NaN guard, nothing for
-_tensorify_python_scalars to specialize; the only guard is TYPE_MATCH (and, where a
-number is divided by it, that the divisor is nonzero: see below). The graph returns
-the new value as a tensor and the residual stores ``out.item()`` on the module.
+scalar_places.py records the place when the frame stores a new float to it and wraps
+it, on the restarted trace, as a graph input passed as a 0-d float64 tensor (the
+tensor wrap_symfloat builds before its item(), without a backed item() symbol), held by
+a FloatAsTensorVariable. The shape environment never sees the value: no guard on it,
+no NaN guard, nothing for _tensorify_python_scalars to specialize; the only guard is
+TYPE_MATCH (and, where a number is divided by it or compared with it, the relation:
+see below). The graph returns the new value as a tensor and the residual stores
+``out.item()`` at the place.
 
-A tensor is not a Python float, so ModuleFloatVariable lets through only the operations
+A tensor is not a Python float, so FloatAsTensorVariable lets through only the operations
 whose tensor form gives the same result, dtype and bits as the float form:
 
 - ``+ - * /`` (and their in-place forms), unary ``- + abs()`` with an int (|i| <= 2**53)
@@ -82,9 +79,8 @@ from typing import Any, NamedTuple, NoReturn, TYPE_CHECKING
 
 import torch
 
-from .. import config
 from ..exc import raise_observed_exception, UnspecializeRestartAnalysis
-from ..module_scalars import enabled as scalar_state_enabled, register_marker
+from ..scalar_places import DEFAULT_FLOAT, SPECIALIZED_FLOAT
 from .base import VariableTracker
 
 if TYPE_CHECKING:
@@ -93,111 +89,10 @@ if TYPE_CHECKING:
     from torch._dynamo.source import Source
     from torch._dynamo.symbolic_convert import InstructionTranslatorBase
 
-    from .builder import VariableBuilder
     from .tensor import UnspecializedPythonVariable
 
 
 log = logging.getLogger(__name__)
-
-
-def _type_enabled(tx: InstructionTranslatorBase) -> bool:
-    # specialize_float: the user asked for static floats. Export takes only local
-    # inputs. Cudagraphs cannot take the CPU float64 input (as in wrap_symfloat).
-    return not (
-        config.specialize_float
-        or tx.export
-        or torch._inductor.config.triton.cudagraphs
-    )
-
-
-# How a marked float place is traced: its record in CodeState.scalar_places (module_scalars.py).
-FLOAT_TENSOR = "float64 tensor"  # a 0-d float64 tensor graph input
-DEFAULT_FLOAT = "default float"  # a use the tensor form cannot trace: wrapped as without this module
-SPECIALIZED_FLOAT = "specialized float"  # such a use that a SymFloat gets wrong: specialized on its value
-
-
-def _place(tx: InstructionTranslatorBase, source: Source) -> str | None:
-    from ..module_scalars import scalar_places
-
-    return scalar_places(tx).get(source.name)
-
-
-def is_mutated_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
-    """True if `source` names a float module attribute this code is known to mutate, or
-    one that a use later in this trace recorded otherwise: the rest of the trace (which
-    goes on until the restart, see _unsupported) reads the same tensor input."""
-    from ..module_scalars import is_place_input
-
-    if type(value) is not float or not scalar_state_enabled() or not _type_enabled(tx):
-        return False
-    place = _place(tx, source)
-    if place in (DEFAULT_FLOAT, SPECIALIZED_FLOAT):
-        var = tx.output.unspec_variable_map.get(source.name)
-        return var is not None and is_place_input(var)
-    return place == FLOAT_TENSOR
-
-
-def is_specialized_module_float(tx: InstructionTranslatorBase, source: Source, value: Any) -> bool:
-    """True if `source` names a mutated float attribute with a use that neither the
-    tensor form nor a SymFloat computes right (see _SYMFLOAT_WRONG): it is specialized
-    on its value (CONSTANT_MATCH)."""
-    if type(value) is not float or not scalar_state_enabled():
-        return False
-    return _place(tx, source) == SPECIALIZED_FLOAT
-
-
-def wrap_mutated_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
-    """The marked float attribute at builder.source as a ModuleFloatVariable holding a
-    0-d float64 tensor graph input, or None to leave it to the default wrapping."""
-    from ..module_scalars import note_place_input
-
-    tensor = builder.tx.output.unspec_variable_map.get(builder.name)
-    if tensor is None:
-        tensor = builder.wrap_float_as_tensor_input(value, item_symbol=False)
-        if tensor is None:
-            return None
-        note_place_input(tensor)
-    expr = PythonFloat(builder.source.name, value, (builder.source,))
-    return ModuleFloatVariable(tensor, frozenset({builder.source.name}), expr, source=builder.source)
-
-
-def mark_stored_float(source: Source, old: float, value: VariableTracker) -> None:
-    """The float `old` that entered the frame at `source` is stored `value`: if that
-    is a different float constant (or a SymFloat), mark `source` as a tensor input
-    for this code (the trace then restarts)."""
-    from ..module_scalars import note_marked_place, scalar_places
-    from ..symbolic_convert import InstructionTranslator
-    from .tensor import SymNodeVariable
-
-    if not scalar_state_enabled():
-        return
-    if isinstance(value, SymNodeVariable):
-        # A SymFloat (computed from a SymInt counter, say) would be written back as a
-        # SymFloat, which _tensorify_python_scalars specializes per value.
-        if value.python_type() is not float:
-            return
-        new = "a SymFloat"
-    elif value.is_python_constant():
-        new = value.as_python_constant()
-        if type(new) is not float or new == old or (new != new and old != old):
-            return  # not a float, or no change (NaN over NaN is none either)
-        new = repr(new)
-    else:
-        return  # already a tensor input, or not a number
-    tx = InstructionTranslator.current_tx()
-    if not _type_enabled(tx):
-        return
-    places = scalar_places(tx)
-    source_name = source.name
-    if places.get(source_name) in (FLOAT_TENSOR, DEFAULT_FLOAT, SPECIALIZED_FLOAT):
-        return  # already marked (or left to the default wrapping): each place is marked once
-    places[source_name] = FLOAT_TENSOR
-    note_marked_place(
-        tx, f"{source_name} is a float mutated in the frame ({old!r} -> {new}); tracing it as a float64 tensor input"
-    )
-
-
-register_marker(float, mark_stored_float)
 
 
 _ARITH = {
@@ -219,7 +114,7 @@ _MAX_EXPR_LEN = 1000
 
 
 class PythonFloat(NamedTuple):
-    """How Python computes a ModuleFloatVariable's value: `code`, an expression over the
+    """How Python computes a FloatAsTensorVariable's value: `code`, an expression over the
     source names of the attributes it reads (evaluated by guards as the shape
     environment's guards are), its `value` on this frame's inputs, and those `sources`.
     The float64 tensor computes the same value, bit for bit."""
@@ -230,7 +125,7 @@ class PythonFloat(NamedTuple):
 
 
 def _python_float(vt: VariableTracker) -> PythonFloat | None:
-    if isinstance(vt, ModuleFloatVariable):
+    if isinstance(vt, FloatAsTensorVariable):
         return vt.expr
     if vt.is_python_constant():
         value = vt.as_python_constant()
@@ -279,7 +174,7 @@ def _raise_on_zero_divisor(
         if isinstance(sym, (torch.SymInt, torch.SymFloat)) and not sym.node.has_hint():
             _restart_unsupported(tx, args, f"division by the unbacked {divisor}")
         zero = guard_bool(sym == 0)
-    elif isinstance(divisor, ModuleFloatVariable):
+    elif isinstance(divisor, FloatAsTensorVariable):
         expr = divisor.expr
         if expr is None:
             _restart_unsupported(tx, args, f"division by {divisor}, a value computed from a SymInt or SymFloat")
@@ -292,7 +187,7 @@ def _raise_on_zero_divisor(
         raise_observed_exception(ZeroDivisionError, tx, args=["float division by zero"])
 
 
-class ModuleFloatVariable(VariableTracker):
+class FloatAsTensorVariable(VariableTracker):
     """A Python float held by the graph as a 0-d float64 tensor (`tensor`, an
     UnspecializedPythonVariable that reconstructs as ``graph_out.item()``)."""
 
@@ -313,7 +208,7 @@ class ModuleFloatVariable(VariableTracker):
         self.expr = expr
 
     def __repr__(self) -> str:
-        return f"ModuleFloatVariable({self.source.name if self.source else ''})"
+        return f"FloatAsTensorVariable({self.source.name if self.source else ''})"
 
     def python_type(self) -> type:
         return float
@@ -363,17 +258,17 @@ _SYMFLOAT_WRONG = frozenset({operator.mod, operator.imod, str.format, format})
 
 
 def _record_places(
-    tx: InstructionTranslatorBase, floats: list[ModuleFloatVariable], how: str
+    tx: InstructionTranslatorBase, floats: list[FloatAsTensorVariable], how: str
 ) -> tuple[list[str], list[str]]:
     """Record the attributes `floats` derive from as `how` (DEFAULT_FLOAT or
     SPECIALIZED_FLOAT, which wins over the former): their names, and those whose
     record changed."""
-    from ..module_scalars import scalar_places
+    from ..scalar_places import places
 
     origins = sorted(set().union(*(v.origins for v in floats)))
-    places = scalar_places(tx)
-    changed = [o for o in origins if places.get(o) not in (how, SPECIALIZED_FLOAT)]
-    places.update(dict.fromkeys(changed, how))
+    records = places(tx)
+    changed = [o for o in origins if records.get(o) not in (how, SPECIALIZED_FLOAT)]
+    records.update(dict.fromkeys(changed, how))
     return origins, changed
 
 
@@ -383,14 +278,14 @@ def _unsupported(
     """A use the float64 tensor cannot trace as Python would: record the attributes the
     values derive from to be wrapped as without this module (automatic dynamic decides)
     or, for a use `fn` in _SYMFLOAT_WRONG, specialized on their values, which wins over
-    the former. The trace restarts before it compiles (module_scalars.note_marked_place)
+    the former. The trace restarts before it compiles (scalar_places.note_marked_place)
     and goes on until then with the values as constants, so that every use of the
     frame's attributes decides their record; `values` with such constants in place is
     returned for that. A value with no Python expression restarts at once."""
-    from ..module_scalars import note_marked_place
+    from ..scalar_places import note_marked_place
     from .constant import ConstantVariable
 
-    floats = [v for v in values if isinstance(v, ModuleFloatVariable)]
+    floats = [v for v in values if isinstance(v, FloatAsTensorVariable)]
     how = SPECIALIZED_FLOAT if fn in _SYMFLOAT_WRONG else DEFAULT_FLOAT
     origins, changed = _record_places(tx, floats, how)
     reason = f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {how}"
@@ -399,13 +294,13 @@ def _unsupported(
         raise UnspecializeRestartAnalysis(reason)
     if changed:
         note_marked_place(tx, reason)
-    return [ConstantVariable.create(v.expr.value) if isinstance(v, ModuleFloatVariable) else v for v in values]
+    return [ConstantVariable.create(v.expr.value) if isinstance(v, FloatAsTensorVariable) else v for v in values]
 
 
 def _restart_unsupported(tx: InstructionTranslatorBase, values: list[VariableTracker], context: str) -> NoReturn:
     """A use with no constant to go on with (a division by a value with no Python
     expression): the attributes are recorded as by _unsupported, and analysis restarts."""
-    origins, _ = _record_places(tx, [v for v in values if isinstance(v, ModuleFloatVariable)], DEFAULT_FLOAT)
+    origins, _ = _record_places(tx, [v for v in values if isinstance(v, FloatAsTensorVariable)], DEFAULT_FLOAT)
     raise UnspecializeRestartAnalysis(
         f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {DEFAULT_FLOAT}"
     )
@@ -478,7 +373,7 @@ def call_builtin(
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
-    """BuiltinVariable(fn)(*args, **kwargs) when an argument is a ModuleFloatVariable.
+    """BuiltinVariable(fn)(*args, **kwargs) when an argument is a FloatAsTensorVariable.
     Returns None for the calls the default handlers do right on it (isinstance, type)."""
     from .builder import wrap_fx_proxy
 
@@ -496,8 +391,8 @@ def call_builtin(
         return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))  # type: ignore[attr-defined]
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
-        is_float = [isinstance(v, ModuleFloatVariable) for v in args]
-        origins = frozenset().union(*(v.origins for v in args if isinstance(v, ModuleFloatVariable)))  # type: ignore[attr-defined]
+        is_float = [isinstance(v, FloatAsTensorVariable) for v in args]
+        origins = frozenset().union(*(v.origins for v in args if isinstance(v, FloatAsTensorVariable)))  # type: ignore[attr-defined]
         if all(f or _is_number(v) for f, v in zip(is_float, args)):
             if op is operator.truediv:
                 _raise_on_zero_divisor(tx, args[1], args)
@@ -548,7 +443,7 @@ _COMPARISONS = {
 def _comparand(vt: VariableTracker) -> PythonFloat | None:
     """The PythonFloat of a comparison operand: such a variable with an expression, or
     an int or float constant (Python compares a float with any int exactly)."""
-    if isinstance(vt, ModuleFloatVariable):
+    if isinstance(vt, FloatAsTensorVariable):
         return vt.expr
     if vt.is_python_constant() and type(vt.as_python_constant()) in (int, float):
         return _python_float(vt)
@@ -597,7 +492,7 @@ def call_tensor_method(
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
     """`t.mul_(f)` and the like (add, sub, mul, div, true_divide, in place or not,
-    no keyword arguments) with a ModuleFloatVariable f, as the binary operators
+    no keyword arguments) with a FloatAsTensorVariable f, as the binary operators
     trace them; None to let TensorVariable.call_method handle the call (whose
     as_proxy restarts with the attribute wrapped as without this module). In place,
     t is never cast (an integer t raises in eager, as it does here)."""
@@ -613,7 +508,7 @@ def call_tensor_method(
         or name not in _TENSOR_METHODS
         or kwargs
         or len(args) != 1
-        or not isinstance(args[0], ModuleFloatVariable)
+        or not isinstance(args[0], FloatAsTensorVariable)
     ):
         return None
     casts = _tensor_casts(tensor, _TENSOR_METHODS[name], False)
@@ -650,7 +545,7 @@ def _call_with_scalar_kwarg(
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
     """``t.add_(u, alpha=f)`` (and sub, addcdiv, addcmul, in place or not) with a
-    ModuleFloatVariable f as the Scalar: the graph reads the float64 tensor's value
+    FloatAsTensorVariable f as the Scalar: the graph reads the float64 tensor's value
     with ``item()`` and passes that to the method, so the kernel sees the same Python
     float as in eager. The item() is an unbacked SymFloat: the shape environment has
     no value to guard on and _tensorify_python_scalars none to specialize (it only
@@ -660,9 +555,9 @@ def _call_with_scalar_kwarg(
 
     key = _SCALAR_KWARGS[name]
     f = kwargs[key]
-    if not isinstance(f, ModuleFloatVariable) or any(isinstance(a, ModuleFloatVariable) for a in args):
+    if not isinstance(f, FloatAsTensorVariable) or any(isinstance(a, FloatAsTensorVariable) for a in args):
         return None
-    if any(isinstance(v, ModuleFloatVariable) for k, v in kwargs.items() if k != key):
+    if any(isinstance(v, FloatAsTensorVariable) for k, v in kwargs.items() if k != key):
         return None
     example = tensor.as_proxy().node.meta.get("example_value")
     if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
@@ -688,10 +583,10 @@ def _float_result(
     proxy_args: tuple[Any, ...],
     origins: frozenset[str],
     expr: PythonFloat | None,
-) -> ModuleFloatVariable:
+) -> FloatAsTensorVariable:
     from .builder import wrap_fx_proxy_cls
     from .tensor import UnspecializedPythonVariable
 
     proxy = tx.output.create_proxy("call_function", op, proxy_args, {})
     tensor = wrap_fx_proxy_cls(UnspecializedPythonVariable, tx, proxy, raw_value=None, need_unwrap=True)
-    return ModuleFloatVariable(tensor, origins, expr)  # type: ignore[arg-type]
+    return FloatAsTensorVariable(tensor, origins, expr)  # type: ignore[arg-type]
