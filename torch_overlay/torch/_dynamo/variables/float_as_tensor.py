@@ -499,10 +499,12 @@ def call_tensor_method(
     from .builder import wrap_fx_proxy
     from .tensor import TensorVariable
 
-    if type(tensor) is TensorVariable and _SCALAR_KWARGS.get(name) in kwargs:
-        result = _call_with_scalar_kwarg(tx, tensor, name, args, kwargs)
-        if result is not None:
-            return result
+    key = _SCALAR_KWARGS.get(name)
+    if type(tensor) is TensorVariable and key in kwargs:
+        others = [*args, *(v for k, v in kwargs.items() if k != key)]
+        scalar = _kernel_scalar(tx, tensor, kwargs[key], others)
+        if scalar is not None:
+            return tensor.call_method(tx, name, args, {**kwargs, key: scalar})
     if (
         type(tensor) is not TensorVariable
         or name not in _TENSOR_METHODS
@@ -537,27 +539,19 @@ _SCALAR_KWARGS = {
 }
 
 
-def _call_with_scalar_kwarg(
-    tx: InstructionTranslatorBase,
-    tensor: VariableTracker,
-    name: str,
-    args: list[VariableTracker],
-    kwargs: dict[str, VariableTracker],
+def _kernel_scalar(
+    tx: InstructionTranslatorBase, tensor: VariableTracker, f: VariableTracker, others: list[VariableTracker]
 ) -> VariableTracker | None:
     """``t.add_(u, alpha=f)`` (and sub, addcdiv, addcmul, in place or not) with a
-    FloatAsTensorVariable f as the Scalar: the graph reads the float64 tensor's value
-    with ``item()`` and passes that to the method, so the kernel sees the same Python
-    float as in eager. The item() is an unbacked SymFloat: the shape environment has
-    no value to guard on and _tensorify_python_scalars none to specialize (it only
-    specializes backed float symbols). None to leave the call as it is (another
-    argument is such a variable too, or the tensor is not on the CPU)."""
+    FloatAsTensorVariable f as the Scalar: the value to pass instead, ``item()`` of the
+    float64 tensor, so the kernel sees the same Python float as in eager. The item() is
+    an unbacked SymFloat: the shape environment has no value to guard on and
+    _tensorify_python_scalars none to specialize (it only specializes backed float
+    symbols). None to leave the call as it is (one of the `others` arguments is such a
+    variable too, or the tensor is not on the CPU)."""
     from .builder import wrap_fx_proxy
 
-    key = _SCALAR_KWARGS[name]
-    f = kwargs[key]
-    if not isinstance(f, FloatAsTensorVariable) or any(isinstance(a, FloatAsTensorVariable) for a in args):
-        return None
-    if any(isinstance(v, FloatAsTensorVariable) for k, v in kwargs.items() if k != key):
+    if not isinstance(f, FloatAsTensorVariable) or any(isinstance(v, FloatAsTensorVariable) for v in others):
         return None
     example = tensor.as_proxy().node.meta.get("example_value")
     if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
@@ -566,8 +560,7 @@ def _call_with_scalar_kwarg(
     # this one never steers tracing (it is only passed on to the kernel). AOTAutograd
     # retraces the graph in the same fake mode: it stays allowed for this trace.
     tx.fake_mode.allow_scalar_outputs = True
-    scalar = wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (f.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
-    return tensor.call_method(tx, name, args, {**kwargs, key: scalar})
+    return wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (f.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
 
 
 def _proxy(tx: InstructionTranslatorBase, kind: str, target: Any, *args: Any) -> Any:
