@@ -22,6 +22,16 @@ class Counter(torch.nn.Module):
         return self.layer(x)
 
 
+class Decay(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.temp = 1.0
+
+    def forward(self, x):
+        self.temp *= 0.9
+        return x / self.temp
+
+
 class LazySGD:
     def __init__(self, params):
         self.param_groups = [{"params": list(params), "lr": 0.1}]
@@ -93,6 +103,14 @@ cache entry 0:
         relation: -9223372036854775808 <= self.step <= 9223372036854775806""",  # noqa: E501
             skip=1,
         )
+
+    def test_float_scalar_place(self):
+        # A float the frame stores to (patch scalar-state) is a float64 tensor input: its
+        # one guard is its type, and the explanation names how its place is traced.
+        model = torch.compile(Decay(), backend="eager")
+        for _ in range(3):
+            model(torch.randn(3))
+        self.assertIn("self.temp: 1 guard  [scalar place: float64 tensor]", explain(model))
 
     def test_function_taking_dict_of_tensors(self):
         fn = torch.compile(add_all, backend="eager")
