@@ -22,16 +22,6 @@ class Counter(torch.nn.Module):
         return self.layer(x)
 
 
-class Decay(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.temp = 1.0
-
-    def forward(self, x):
-        self.temp *= 0.9
-        return x / self.temp
-
-
 class LazySGD:
     def __init__(self, params):
         self.param_groups = [{"params": list(params), "lr": 0.1}]
@@ -107,6 +97,15 @@ cache entry 0:
     def test_float_scalar_place(self):
         # A float the frame stores to (patch scalar-state) is a float64 tensor input: its
         # one guard is its type, and the explanation names how its place is traced.
+        class Decay(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.temp = 1.0
+
+            def forward(self, x):
+                self.temp *= 0.9
+                return x / self.temp
+
         model = torch.compile(Decay(), backend="eager")
         for _ in range(3):
             model(torch.randn(3))
