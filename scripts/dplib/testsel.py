@@ -3,8 +3,8 @@
 A `Tests:` trailer names a test file, optionally with selectors of the cases this patch
 adds to a file an earlier patch introduced:
 
-    Tests: test/dynamo/test_module_scalars.py
-    Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_*
+    Tests: test/dynamo/test_init_values_once.py
+    Tests: test/dynamo/test_init_values_once.py::InitValuesOnceTests::test_torch_optim_*
 
 A selector is a top-level name (`Name`) or a method of a top-level class
 (`Class::method`), shell-style patterns allowed. In a file several patches name, every

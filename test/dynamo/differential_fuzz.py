@@ -235,8 +235,8 @@ def _steps(r: random.Random, count: int, make_pre: Callable[[int], list[Op]], em
     return [Step([] if i == 0 or r.random() < empty else make_pre(i), ns[i]) for i in range(count)]
 
 
-# -- scalars: nn.Module int counters and float attributes (module-int-symints, module-float-tensors), float
-# places elsewhere that forward stores to and uses (scalar-state-anywhere) ----
+# -- scalars: nn.Module int counters and float attributes (scalar-state), float
+# places elsewhere that forward stores to and uses (scalar-state) ----
 
 SCALARS_TEMPLATE = '''
 torch.manual_seed(0)
@@ -344,8 +344,8 @@ def gen_scalars(r: random.Random, backend: str) -> dict[str, Any]:
     )
 
 
-# Float places outside nn.Module attributes (scalar-state-anywhere) that forward stores to and
-# also uses: the uses the float64 tensor form cannot trace (module-float-tensors) and
+# Float places outside nn.Module attributes (scalar-state) that forward stores to and
+# also uses: the uses the float64 tensor form cannot trace (float_as_tensor.py) and
 # places no store hook sees. (place: definition at module level, its setup in
 # Mod.__init__, the store of `{new}`, the expression reading it, a TRACK entry)
 _FLOAT_PLACES = {

@@ -96,6 +96,23 @@ cache entry 0:
             skip=1,
         )
 
+    def test_float_scalar_place(self):
+        # A float the frame stores to (patch scalar-state) is a float64 tensor input: its
+        # one guard is its type, and the explanation names how its place is traced.
+        class Decay(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.temp = 1.0
+
+            def forward(self, x):
+                self.temp *= 0.9
+                return x / self.temp
+
+        model = torch.compile(Decay(), backend="eager")
+        for _ in range(3):
+            model(torch.randn(3))
+        self.assertIn("self.temp: 1 guard  [scalar place: float64 tensor]", explain(model))
+
     def test_function_taking_dict_of_tensors(self):
         fn = torch.compile(add_all, backend="eager")
         fn({"weight": torch.randn(3), "scale": torch.randn(3), "bias": torch.randn(3)})

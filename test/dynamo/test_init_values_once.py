@@ -646,11 +646,11 @@ class InitValuesOnceCallTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(compiled(x, cache_c), fn(x, cache_e))
             self.assertEqual(cache_c, cache_e)
         self.assertEqual(cache_c["calls"], 3)
-        # "calls" is a guarded constant, one frame per value, unless a later patch
-        # (scalar-state-anywhere, which adds torch._dynamo.scalar_state) traces the
+        # "calls" is a guarded constant, one frame per value, unless the patch
+        # (scalar-state, which adds torch._dynamo.scalar_places) traces the
         # stored int: then its first change is the only recompile.
         stored_dynamic = (
-            importlib.util.find_spec("torch._dynamo.scalar_state") is not None
+            importlib.util.find_spec("torch._dynamo.scalar_places") is not None
             and torch._dynamo.config.scalar_state
         )
         self.assertEqual(cnt.frame_count, 2 if stored_dynamic else 3)

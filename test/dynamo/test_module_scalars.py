@@ -538,14 +538,12 @@ class ModuleScalarTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(cnt.frame_count, 1)
         self.assertEqual(scalar_places_of(Counter.forward), {"L['self'].step": "SymInt"})
 
-    def test_float_place_recorded_and_explained(self):
-        from torch._dynamo.guard_explainer import explain_guards
-
+    def test_float_place_recorded(self):
+        # (explain_guards' view of the record: test_guard_explainer.py, test_float_scalar_place)
         model = torch.compile(Decay(), backend="eager")
         for _ in range(3):
             model(torch.randn(3))
         self.assertEqual(scalar_places_of(Decay.forward), {"L['self'].temp": "float64 tensor"})
-        self.assertIn("self.temp: 1 guard  [scalar place: float64 tensor]", explain_guards(model))
 
     def test_counter_compiles_once_aot_eager(self):
         cnt = self.run_both(Counter, CompileCounterWithBackend("aot_eager"), self.inputs())

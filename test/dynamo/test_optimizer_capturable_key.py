@@ -59,7 +59,7 @@ class CapturableKeyTests(torch._dynamo.test_case.TestCase):
         # Without this patch: the first compiled step adds "capturable": True to the group.
         cnt = self.run_steps(GroupCounterOpt)
         # The group's step counter changes each call: automatic dynamic makes it a SymInt at
-        # the third call, and at the second with scalar-state-anywhere's scalar_state.
+        # the third call, and at the second with scalar-state's scalar_state.
         self.assertEqual(cnt.frame_count, 2 if getattr(torch._dynamo.config, "scalar_state", False) else 3)
 
     @parametrize("foreach", [False, True])

@@ -721,7 +721,7 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
 
 
 # Floats a frame stores to and also uses in a way the float64 tensor form cannot trace
-# (patch module-float-tensors): the place is wrapped as without these patches from then
+# (variables/float_as_tensor.py): the place is wrapped as without these patches from then
 # on, so the frame compiles exactly as often as there, never pinned on every value.
 
 

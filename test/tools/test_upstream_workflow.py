@@ -181,10 +181,10 @@ class PatchNameTest(ProjectCopyTestCase):
         return override
 
     def test_renumbered_patch_keeps_expected_changes_and_names_its_override(self):
-        second = self.patch_named("module-int-symints")
+        second = self.patch_named("scalar-state")
         override = self.override(self.patch)
         self.assertEqual(self.dynapatch("check").returncode, 0)
-        self.renumber(second, "0099-moved.patch")  # expected changes name module-int-symints
+        self.renumber(second, "0099-moved.patch")  # expected changes name scalar-state
         self.assertEqual(self.dynapatch("check").returncode, 0)
         self.renumber(self.patch, "0098-moved.patch")
         self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.99.0/{override.name} is patch "
@@ -195,9 +195,9 @@ class PatchNameTest(ProjectCopyTestCase):
 
     def test_override_with_another_patch_name(self):
         override = self.override(self.patch)
-        self.set_trailer(override, "module-int-symints")
+        self.set_trailer(override, "scalar-state")
         self.assertFailsWith(self.dynapatch("check"), 1, f"override patches/2.99.0/{override.name} is patch "
-                             f"module-int-symints, now patches/{self.number('module-int-symints')}-")
+                             f"scalar-state, now patches/{self.number('scalar-state')}-")
         self.set_trailer(override, "unknown-name")
         self.assertFailsWith(self.dynapatch("check"), 1, "Patch-Name 'unknown-name', which no patch")
 
@@ -379,7 +379,7 @@ class NativeOwnershipTest(ProjectCopyTestCase):
 
     def test_source_claimed_twice_or_outside_csrc(self):
         native = self.number("native-container-guard")
-        later = self.patch_named("module-float-tensors")
+        later = self.patch_named("no-tensor-instance-dict")
         self.assertGreater(later.name[:4], native)
         original = later.read_text()
         later.write_text(original.replace("Upstream-Status:", "Native-File: csrc/guard_accel.cpp\nUpstream-Status:", 1))
@@ -413,10 +413,10 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertEqual(shared.text_at(2), text)
 
     def test_selectors_are_checked(self):
-        self.edit_trailer(self.number("module-float-tensors"), "::ModuleScalarTests::test_float_*",
-                          "::ModuleScalarTests::test_nothing_*")
-        self.assertFailsWith(self.dynapatch("check"), 1, "test_module_scalars.py::ModuleScalarTests::test_nothing_* "
-                             "matches no test")
+        self.edit_trailer(self.number("optimizer-init-values-once"), "::InitValuesOnceTests::test_torch_optim_*",
+                          "::InitValuesOnceTests::test_nothing_*")
+        self.assertFailsWith(self.dynapatch("check"), 1,
+                             "test_init_values_once.py::InitValuesOnceTests::test_nothing_* matches no test")
 
     def test_selector_on_the_patch_that_introduces_the_file(self):
         self.edit_trailer("0001", "Tests: test/dynamo/test_optimizer_variable.py",
@@ -424,15 +424,17 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertFailsWith(self.dynapatch("check"), 1, "selects cases of a file it introduces")
 
     def test_case_selected_by_two_patches(self):
-        optim = self.number("init-values-once")
-        self.edit_trailer(optim, "Tests: test/dynamo/test_optimizers_all.py",
-                          "Tests: test/dynamo/test_optimizers_all.py\n"
-                          "Tests: test/dynamo/test_module_scalars.py::ModuleScalarTests::test_float_decay_*")
-        self.assertFailsWith(self.dynapatch("check"), 1, f"test_float_decay_compiles_once is selected by {optim}-")
+        # A later patch selecting cases a selector of native-container-guard already takes.
+        native = self.number("native-container-guard")
+        last = sorted((self.project / "patches").glob("*.patch"))[-1]
+        trailer = next(line for line in last.read_text().splitlines() if line.startswith("Tests: "))
+        self.edit_trailer(last.name[:4], trailer,
+                          trailer + "\nTests: test/dynamo/test_guard_explainer.py::NativeGuardExplainerTests")
+        self.assertFailsWith(self.dynapatch("check"), 1, f"is selected by {native}-")
 
     def test_pr_extra_must_belong_to_a_patch_and_stay_outside_the_wheel(self):
         extra = self.project / "patches/pr-extra"
-        (extra / "no-such-patch.diff").write_text((extra / "module-int-symints.diff").read_text())
+        (extra / "no-such-patch.diff").write_text((extra / "scalar-state.diff").read_text())
         self.assertFailsWith(self.dynapatch("check"), 1, "no-such-patch.diff is not <Patch-Name>.diff")
         (extra / "no-such-patch.diff").unlink()
         (extra / "explain-guards.diff").write_text("diff --git a/torch/_dynamo/guards.py b/torch/_dynamo/guards.py\n")
@@ -443,18 +445,19 @@ class TestsTravelTest(ProjectCopyTestCase):
         proc = self.dynapatch("export-prs", str(out))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
-        ints, floats = self.number("module-int-symints"), self.number("module-float-tensors")
+        once, optim = self.number("init-values-once"), self.number("optimizer-init-values-once")
+        scalars = self.number("scalar-state")
         native = self.number("native-container-guard")
-        # module-int-symints adds test_module_scalars.py without module-float-tensors' float cases,
-        # which that patch adds to it.
-        self.assertIn("+    def test_counter_compiles_once(self):", mbox[ints])
-        self.assertNotIn("def test_float_decay_compiles_once(self)", mbox[ints])
-        self.assertIn("+    def test_float_decay_compiles_once(self):", mbox[floats])
-        self.assertIn("python -m pytest test/dynamo/test_module_scalars.py::ModuleScalarTests::"
-                      "test_float_decay_compiles_once", mbox[floats])
-        # module-int-symints' expected-count edits of upstream's test_modules.py travel in its PR.
-        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox[ints])
-        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox[ints])
+        # init-values-once adds test_init_values_once.py without optimizer-init-values-once's
+        # torch.optim cases, which that patch adds to it.
+        self.assertIn("+    def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):", mbox[once])
+        self.assertNotIn("def test_torch_optim_frames_unchanged(self)", mbox[once])
+        self.assertIn("+    def test_torch_optim_frames_unchanged(self):", mbox[optim])
+        self.assertIn("python -m pytest test/dynamo/test_init_values_once.py::InitValuesOnceTests::"
+                      "test_torch_optim_frames_unchanged", mbox[optim])
+        # scalar-state's expected-count edits of upstream's test_modules.py travel in its PR.
+        self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox[scalars])
+        self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox[scalars])
         # native-container-guard carries the native sources at pytorch paths, the build list entry
         # and the port notes ...
         self.assertIn("diff --git a/torch/csrc/dynamo/tensor_container_guard.cpp", mbox[native])
