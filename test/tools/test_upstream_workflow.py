@@ -413,10 +413,11 @@ class TestsTravelTest(ProjectCopyTestCase):
         self.assertEqual(shared.text_at(2), text)
 
     def test_selectors_are_checked(self):
-        self.edit_trailer(self.number("optimizer-init-values-once"), "::InitValuesOnceTests::test_torch_optim_*",
-                          "::InitValuesOnceTests::test_nothing_*")
+        self.edit_trailer(self.number("compiled-autograd-hook-none"),
+                          "::HookResidualsTests::test_hook_returning_none_matches_eager",
+                          "::HookResidualsTests::test_nothing_*")
         self.assertFailsWith(self.dynapatch("check"), 1,
-                             "test_init_values_once.py::InitValuesOnceTests::test_nothing_* matches no test")
+                             "test_hook_residuals.py::HookResidualsTests::test_nothing_* matches no test")
 
     def test_selector_on_the_patch_that_introduces_the_file(self):
         self.edit_trailer("0001", "Tests: test/dynamo/test_optimizer_variable.py",
@@ -445,16 +446,15 @@ class TestsTravelTest(ProjectCopyTestCase):
         proc = self.dynapatch("export-prs", str(out))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         mbox = {p.name[:4]: p.read_text() for p in out.glob("*.patch")}
-        once, optim = self.number("init-values-once"), self.number("optimizer-init-values-once")
+        explain = self.number("explain-guards")
         scalars = self.number("scalar-state")
         native = self.number("native-container-guard")
-        # init-values-once adds test_init_values_once.py without optimizer-init-values-once's
-        # torch.optim cases, which that patch adds to it.
-        self.assertIn("+    def test_call_that_replaces_what_an_earlier_call_handed_out_is_traced(self):", mbox[once])
-        self.assertNotIn("def test_torch_optim_frames_unchanged(self)", mbox[once])
-        self.assertIn("+    def test_torch_optim_frames_unchanged(self):", mbox[optim])
-        self.assertIn("python -m pytest test/dynamo/test_init_values_once.py::InitValuesOnceTests::"
-                      "test_torch_optim_frames_unchanged", mbox[optim])
+        # explain-guards adds test_guard_explainer.py without native-container-guard's class of
+        # cases, which that patch adds to it (a class selector in its Tests: trailer).
+        self.assertIn("+class GuardExplainerTests(torch._dynamo.test_case.TestCase):", mbox[explain])
+        self.assertNotIn("class NativeGuardExplainerTests(", mbox[explain])
+        self.assertIn("+class NativeGuardExplainerTests(", mbox[native])
+        self.assertIn("python -m pytest test/dynamo/test_guard_explainer.py::NativeGuardExplainerTests", mbox[native])
         # scalar-state's expected-count edits of upstream's test_modules.py travel in its PR.
         self.assertIn("diff --git a/test/dynamo/test_modules.py b/test/dynamo/test_modules.py", mbox[scalars])
         self.assertIn("+        self.assertEqual(cnt.frame_count, 2)", mbox[scalars])
