@@ -15,7 +15,8 @@ Subcommands:
   unapply  undo apply, byte for byte (--target DIR)
   export-prs      one git-am-able mbox per patch, each a PR description (OUTDIR)
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
-  rebase-check    per patch and hunk, does the series apply to another release (--to)
+  rebase-check    per patch and hunk, does the series apply to another release (--to), and
+                  what a refresh would change (three-way merge; refreshed patches in build/)
   stack-test      each prefix of the series passes the tests its last patch ships
   stats           per patch: upstream lines +/-, overlay and native lines, test cases
   lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
@@ -460,24 +461,32 @@ def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
 
 
 def cmd_rebase_check(project: Project, args: argparse.Namespace) -> int:
-    """Exit 0 if the series (with patches/<version>/ overrides) applies to torch <version>; 2 if not."""
+    """Exit 0 if every patch refreshes onto torch <version> without conflicts (applies as it is, at
+    offsets, or by a clean three-way merge); 2 if not."""
     patches = load_series(project)
     check_overrides(project, patches)
+    spec = load_base(project)
+    base = pristine_sources(project, spec, fetch_base_wheel(project, spec, args.base_wheel))
     wheel = fetch_release_wheel(project, args.to, args.wheel)
     target = release_sources(project, wheel, cached=args.wheel is None)
     effective, overridden = with_overrides(project, patches, args.to)
-    tables = [("series as is", patches, set())]
+    out = (args.out or project.build / f"rebase-{args.to}").resolve()
+    tables = [("series as is", patches, set(), out)]
     if overridden:
-        tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden)))
-    for title, series, used in tables:
-        results = rebase_mod.rebase_check(project, series, used, target)
+        tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden), out / "overrides"))
+    for title, series, used, where in tables:
+        results = rebase_mod.rebase_check(project, series, used, target, base, where)
         print(f"\n{title}:\n{rebase_mod.format_table(results, args.to)}\n", flush=True)
+        log(f"refreshed patches and conflicts: {where}")
+    counts = {s: sum(r.status == s for r in results) for s in
+              (rebase_mod.CLEAN, rebase_mod.OFFSETS, rebase_mod.MERGES, rebase_mod.CONFLICT)}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     failures = rebase_mod.failed(results)
     if failures:
-        raise DynapatchError(f"{len(failures)} of {len(patches)} patches do not apply to torch {args.to}: "
-                             f"{', '.join(r.name for r in failures)}", 2)
-    log(f"rebase-check ok: all {len(patches)} patches apply to torch {args.to}"
-        + (f" ({len(overridden)} through overrides)" if overridden else ""))
+        raise DynapatchError(f"{len(failures)} of {len(patches)} patches conflict with torch {args.to} "
+                             f"({summary}): {', '.join(r.name for r in failures)}", 2)
+    log(f"rebase-check ok: all {len(patches)} patches refresh onto torch {args.to} without conflicts ({summary})"
+        + (f"; {len(overridden)} through overrides" if overridden else ""))
     return 0
 
 
@@ -627,6 +636,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rebase_check)
     p.add_argument("--to", required=True, metavar="VERSION", help="torch release, e.g. 2.14.1")
     p.add_argument("--wheel", type=Path, help="use this wheel of that release instead of pip download")
+    p.add_argument("--out", type=Path, help="where the refreshed patches (NNNN-name.patch) and the conflicts "
+                   "(NNNN-name.conflicts) go (default: build/rebase-VERSION)")
+    p.add_argument("--base-wheel", type=Path, help="the pinned base wheel (the merge base) instead of pip download")
     p = sub.add_parser("stack-test", help="each prefix of the series passes the tests its last patch ships")
     p.set_defaults(func=cmd_stack_test)
     p.add_argument("--patch", action="append", metavar="NAME",
