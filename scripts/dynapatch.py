@@ -475,7 +475,8 @@ def cmd_rebase_check(project: Project, args: argparse.Namespace) -> int:
     if overridden:
         tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden), out / "overrides"))
     for title, series, used, where in tables:
-        results = rebase_mod.rebase_check(project, series, used, target, base, where)
+        # Overrides are refreshed against the release itself: no merge base on the pinned one.
+        results = rebase_mod.rebase_check(project, series, used, target, None if used else base, where)
         print(f"\n{title}:\n{rebase_mod.format_table(results, args.to)}\n", flush=True)
         log(f"refreshed patches and conflicts: {where}")
     counts = {s: sum(r.status == s for r in results) for s in
