@@ -211,6 +211,11 @@ def check_series(patches: list[Patch], overridden: set[str], target: Path, overl
         result = PatchResult(patch.name, patch.name in overridden, CLEAN)
         old_before = {}
         for rel in patch.files:
+            if base is not None:  # the pinned release's file as the earlier patches left it
+                old_file = old / rel
+                if not old_file.exists():
+                    old_file.parent.mkdir(parents=True, exist_ok=True)
+                    old_file.write_bytes((base / rel).read_bytes())
             staged, source = stage / rel, target / rel
             if not staged.exists():
                 if not source.is_file():
@@ -219,11 +224,7 @@ def check_series(patches: list[Patch], overridden: set[str], target: Path, overl
                 staged.parent.mkdir(parents=True, exist_ok=True)
                 staged.write_bytes(source.read_bytes())
             if base is not None:
-                old_file = old / rel
-                if not old_file.exists():
-                    old_file.parent.mkdir(parents=True, exist_ok=True)
-                    old_file.write_bytes((base / rel).read_bytes())
-                old_before[rel] = old_file.read_bytes()
+                old_before[rel] = (old / rel).read_bytes()
         for rel in patch.overlay_files:
             if (target / rel).exists():
                 result.notes.append(f"overlay file {rel} collides with a file of the target")

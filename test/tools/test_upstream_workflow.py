@@ -205,11 +205,11 @@ class PatchNameTest(ProjectCopyTestCase):
 class RebaseCheckTest(ProjectCopyTestCase):
     """rebase-check against a small fake release wheel made from the base's own sources."""
 
-    def fake_release(self, version, edit=None, extra=()):
-        """A torch-<version> wheel holding the files the series changes, optionally edited."""
+    def fake_release(self, version, edit=None, extra=(), drop=()):
+        """A torch-<version> wheel holding the files the series changes (but `drop`), optionally edited."""
         pristine = pristine_tree()
         files = sorted({line.split()[2][2:] for p in (self.project / "patches").glob("*.patch")
-                        for line in p.read_text().splitlines() if line.startswith("diff --git ")})
+                        for line in p.read_text().splitlines() if line.startswith("diff --git ")} - set(drop))
         path = self.tmp / f"torch-{version}-{WHEEL_TAGS}.whl"
         with zipfile.ZipFile(path, "w") as zf:
             for rel in files:
@@ -293,6 +293,14 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertIn(f"| {self.patch.name} | offsets | line numbers of 8 hunks | "
                       f"torch/_dynamo/variables/optimizer.py @@ -89,7 +89,7 @@: "
                       f"offset 2 lines", proc.stdout)
+
+    def test_file_missing_in_the_release(self):
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", drop=["torch/optim/lr_scheduler.py"]))
+        self.assertFailsWith(proc, 2)
+        patch = self.number("lr-scheduler-wraps-compiled-step")
+        self.assertRegex(proc.stdout, rf"\| {patch}-\S+ \| conflict \| not possible \| "
+                                      r"torch/optim/lr_scheduler.py does not exist in the target \|")
+        self.assertNotIn("Traceback", proc.stderr)
 
     def test_overlay_collision(self):
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", extra=["torch/_dynamo/init_once.py"]))
