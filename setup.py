@@ -65,6 +65,7 @@ class CMakeBuild(build_ext):
             f"-DGUARD_ACCEL_VERSION={GUARD_ACCEL_VERSION}",
             f"-DGUARD_ACCEL_SOURCES={native_dir}",
             f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DGUARD_ACCEL_PYTHON_VERSION={sys.version_info[0]}.{sys.version_info[1]}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DGUARD_ACCEL_ASAN={'ON' if os.environ.get('DYNAPATCH_GUARD_ACCEL_ASAN') == '1' else 'OFF'}",
         ])

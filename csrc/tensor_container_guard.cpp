@@ -78,7 +78,7 @@ C10_ALWAYS_INLINE bool symint_equals(const c10::SymInt& v, int64_t expected) {
 }
 
 // 0 when the interpreter has no dict versions to offer (3.12 deprecates them).
-uint64_t dict_version(PyObject* dict) {
+uint64_t dict_version([[maybe_unused]] PyObject* dict) {
 #if PY_VERSION_HEX < 0x030C0000
   return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
 #else

@@ -15,7 +15,8 @@ Subcommands:
   unapply  undo apply, byte for byte (--target DIR)
   export-prs      one git-am-able mbox per patch, each a PR description (OUTDIR)
   upstream-tests  Dynamo's own test files: stock base wheel vs the custom wheel
-  rebase-check    per patch and hunk, does the series apply to another release (--to)
+  rebase-check    per patch and hunk, does the series apply to another release (--to), and
+                  what a refresh would change (three-way merge; refreshed patches in build/)
   stack-test      each prefix of the series passes the tests its last patch ships
   stats           per patch: upstream lines +/-, overlay and native lines, test cases
   lint            ruff over torch_overlay/, scripts/, test/; clang-format check of csrc/
@@ -56,6 +57,7 @@ from dplib import (
 from dplib.base import (
     base_variants,
     BaseSpec,
+    default_python_tag,
     default_variant,
     fetch_base_wheel,
     installed_torch_version,
@@ -65,6 +67,7 @@ from dplib.base import (
 )
 from dplib.common import die, DynapatchError, git, log, pip_quiet, Project, python_exe, run, sha256_file, step
 from dplib.ext import build_extension, check_toolchain
+from dplib.interp import Interpreter, resolve_interpreter
 from dplib.series import check_override_names, load_series, patched_sources, series_digest
 from dplib.targets import (
     apply_recorded,
@@ -97,30 +100,44 @@ def inputs_digest(project: Project) -> str:
     return digest.hexdigest()
 
 
-def stamp_file(project: Project) -> Path:
-    return project.build / "wheel.stamp"
+def stamp_file(project: Project, python_tag: str | None = None) -> Path:
+    """build/wheel.stamp for the Python of patches/BASE's first block, build/wheel-<tag>.stamp for another."""
+    if python_tag is None or python_tag == default_python_tag(project):
+        return project.build / "wheel.stamp"
+    return project.build / f"wheel-{python_tag}.stamp"
+
+
+def venv_dir(project: Project, python_tag: str | None = None) -> Path:
+    """.venv for the Python of patches/BASE's first block, .venv-<tag> (e.g. .venv-cp312) for another."""
+    if python_tag is None or python_tag == default_python_tag(project):
+        return project.venv
+    return project.root / f".venv-{python_tag}"
 
 
 @dataclass(frozen=True)
 class Stamp:
-    """What the last successful build made: from which inputs, which wheel, which variant."""
+    """What the last successful build for one Python made: from which inputs, which wheel, which variant."""
 
     digest: str
     wheel: str
     wheel_sha256: str
     variant: str
+    python_tag: str = ""
 
 
-def read_stamp(project: Project) -> Stamp | None:
-    stamp = stamp_file(project)
+def read_stamp(project: Project, python_tag: str | None = None) -> Stamp | None:
+    stamp = stamp_file(project, python_tag)
     fields = stamp.read_text().split() if stamp.is_file() else []
-    return Stamp(*fields) if len(fields) == 4 else None
+    if len(fields) == 4:  # written before stamps named their Python: the default one
+        fields.append(default_python_tag(project))
+    return Stamp(*fields) if len(fields) == 5 else None
 
 
 def write_stamp(project: Project, stamp: Stamp) -> None:
-    tmp = stamp_file(project).with_name("wheel.stamp.partial")
-    tmp.write_text(f"{stamp.digest} {stamp.wheel} {stamp.wheel_sha256} {stamp.variant}\n")
-    os.replace(tmp, stamp_file(project))
+    final = stamp_file(project, stamp.python_tag)
+    tmp = final.with_name(final.name + ".partial")
+    tmp.write_text(f"{stamp.digest} {stamp.wheel} {stamp.wheel_sha256} {stamp.variant} {stamp.python_tag}\n")
+    os.replace(tmp, final)
 
 
 def dynapatch_commit(project: Project) -> str:
@@ -135,23 +152,30 @@ def dynapatch_commit(project: Project) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def select_base(project: Project, args: argparse.Namespace) -> tuple[BaseSpec, Path]:
+def select_base(project: Project, args: argparse.Namespace, python: Interpreter) -> tuple[BaseSpec, Path]:
     """The base wheel to build from: --base-wheel F (any pinned variant), --variant, or the variant
-    `pip download torch==<version>` gives here. Verified against patches/BASE."""
+    `pip download torch==<version>` gives here, for the interpreter `python`. Verified against patches/BASE."""
     if args.base_wheel is not None:
         spec = variant_of_wheel(project, args.base_wheel)
         if args.variant and args.variant != spec.variant:
             raise DynapatchError(f"--base-wheel {args.base_wheel.name} is the {spec.variant} variant, "
                                  f"not {args.variant}")
+        if spec.python_tag != python.tag:
+            raise DynapatchError(f"--base-wheel {args.base_wheel.name} is a {spec.python_tag} wheel, but the "
+                                 f"interpreter {python.executable} is Python {python.version} ({python.tag}); "
+                                 f"pass --python for that wheel's Python")
         return spec, args.base_wheel
-    spec = load_base(project, args.variant) if args.variant else default_variant(project)
-    return spec, fetch_base_wheel(project, spec)
+    if args.variant:
+        spec = load_base(project, args.variant, python.tag)
+    else:
+        spec = default_variant(project, python.executable, python.tag)
+    return spec, fetch_base_wheel(project, spec, python=python.executable)
 
 
-def build_is_noop(project: Project, args: argparse.Namespace) -> Stamp | None:
-    """The last build's stamp if it is what this build would make: same inputs, the wheel in dist/
-    intact, the same variant (asked for, or of --base-wheel; without either, the last one)."""
-    stamp = read_stamp(project)
+def build_is_noop(project: Project, args: argparse.Namespace, python: Interpreter) -> Stamp | None:
+    """The last build's stamp for this Python if it is what this build would make: same inputs, the
+    wheel in dist/ intact, the same variant (asked for, or of --base-wheel; without either, the last one)."""
+    stamp = read_stamp(project, python.tag)
     if stamp is None or args.force or stamp.digest != inputs_digest(project):
         return None
     wheel = project.dist / stamp.wheel
@@ -191,18 +215,19 @@ def cmd_build(project: Project, args: argparse.Namespace) -> int:
     new wheel is complete: a failed build leaves the last good wheel in place.
     """
     started = time.monotonic()
-    stamp = build_is_noop(project, args)
+    python = resolve_interpreter(getattr(args, "python", None))
+    stamp = build_is_noop(project, args, python)
     if stamp is not None:
         log(f"nothing changed since the last build: dist/{stamp.wheel} is current "
-            f"(sha256 {stamp.wheel_sha256}, {stamp.variant} variant); --force rebuilds")
+            f"(sha256 {stamp.wheel_sha256}, {stamp.variant} variant, {stamp.python_tag}); --force rebuilds")
         if not args.no_venv:
-            make_venv(project, project.dist / stamp.wheel, stamp.wheel_sha256)
+            make_venv(project, project.dist / stamp.wheel, stamp.wheel_sha256, python)
         return 0
-    with step("base wheel: choose, download if needed, verify sha256"):
-        spec, wheel = select_base(project, args)
-        log(f"base: {wheel.name} ({spec.variant} variant, torch {spec.base_torch_version})")
-    with step("checking the toolchain (C++ compiler, cmake, ninja)"):
-        tools = check_toolchain(project)
+    with step(f"base wheel for Python {python.version}: choose, download if needed, verify sha256"):
+        spec, wheel = select_base(project, args, python)
+        log(f"base: {wheel.name} ({spec.variant} variant, torch {spec.base_torch_version}, {spec.python_tag})")
+    with step(f"checking the toolchain (C++ compiler, cmake, ninja; Python {python.version})"):
+        tools = check_toolchain(project, python)
     pristine = pristine_sources(project, spec, wheel)
     patches = load_series(project, pristine)
     stage = project.build / "stage"
@@ -228,28 +253,30 @@ def cmd_build(project: Project, args: argparse.Namespace) -> int:
     with step(f"repacking into dist/{out.name}"):
         repack(wheel, out, spec, staged)  # written as .partial, renamed when complete
     wheel_sha = sha256_file(out)
-    write_stamp(project, Stamp(inputs_digest(project), out.name, wheel_sha, spec.variant))
-    # Older wheels of this variant (another series) would be mistaken for this one.
+    write_stamp(project, Stamp(inputs_digest(project), out.name, wheel_sha, spec.variant, spec.python_tag))
+    # Older wheels of this variant and Python (another series) would be mistaken for this one.
     prefix = f"torch-{spec.public_version}+{spec.label}.{spec.local_label}."
     for old in project.dist.glob("torch-*.whl"):
-        if old != out and old.name.startswith(prefix):
+        if old != out and old.name.startswith(prefix) and old.name.split("-")[2] == spec.python_tag:
             old.unlink()
     log(f"built dist/{out.name} sha256 {wheel_sha} in {time.monotonic() - started:.0f} s")
     if not args.no_venv:
-        make_venv(project, out, wheel_sha)
+        make_venv(project, out, wheel_sha, python)
     return 0
 
 
-def make_venv(project: Project, wheel: Path, wheel_sha: str) -> None:
-    """.venv with the custom wheel and the test dependencies; reinstalls torch only when the wheel changed."""
-    marker = project.venv / "dynapatch-wheel.sha256"
+def make_venv(project: Project, wheel: Path, wheel_sha: str, python: Interpreter) -> None:
+    """.venv (.venv-<tag> for another Python) with the custom wheel and the test dependencies;
+    reinstalls torch only when the wheel changed."""
+    venv = venv_dir(project, python.tag)
+    marker = venv / "dynapatch-wheel.sha256"
     if marker.is_file() and marker.read_text().strip() == wheel_sha:
-        log(f".venv already has {wheel.name}")
+        log(f"{venv.name} already has {wheel.name}")
         return
-    py = python_exe(project.venv)
-    with step(f".venv: installing {wheel.name}" + ("" if py.exists() else " and requirements-test.txt")):
+    py = python_exe(venv)
+    with step(f"{venv.name}: installing {wheel.name}" + ("" if py.exists() else " and requirements-test.txt")):
         if not py.exists():
-            run(["python3", "-m", "venv", project.venv])
+            run([python.executable, "-m", "venv", venv])
             run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt", wheel],
                 quiet=True)
         else:
@@ -257,14 +284,14 @@ def make_venv(project: Project, wheel: Path, wheel_sha: str) -> None:
             run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True)
         marker.write_text(wheel_sha + "\n")
         version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
-    log(f".venv ready: torch {version}")
+    log(f"{venv.name} ready: torch {version}")
 
 
-def wheel_is_current(project: Project) -> bool:
-    stamp = read_stamp(project)
+def wheel_is_current(project: Project, python_tag: str | None = None) -> bool:
+    stamp = read_stamp(project, python_tag)
     if stamp is None:
         return False
-    marker = project.venv / "dynapatch-wheel.sha256"
+    marker = venv_dir(project, python_tag) / "dynapatch-wheel.sha256"
     return (stamp.digest == inputs_digest(project) and (project.dist / stamp.wheel).is_file()
             and marker.is_file() and marker.read_text().strip() == stamp.wheel_sha256)
 
@@ -288,13 +315,16 @@ def pytest_args(project: Project, args: argparse.Namespace) -> list[str]:
 
 def cmd_test(project: Project, args: argparse.Namespace) -> int:
     """pytest's exit code (5, no tests collected, counts as a failure); 1 if the build fails."""
-    if not wheel_is_current(project):
-        log("wheel or .venv missing or stale: building first")
+    python = resolve_interpreter(args.python)
+    venv = venv_dir(project, python.tag)
+    if not wheel_is_current(project, python.tag):
+        log(f"wheel or {venv.name} missing or stale: building first")
+        last = read_stamp(project, python.tag)
         args.no_venv, args.force, args.base_wheel = False, False, getattr(args, "base_wheel", None)
-        args.variant = getattr(args, "variant", None) or (read_stamp(project).variant if read_stamp(project) else None)
+        args.variant = getattr(args, "variant", None) or (last.variant if last else None)
         cmd_build(project, args)
     started = time.monotonic()
-    cmd = [python_exe(project.venv), "-m", "pytest", "-p", "no:cacheprovider", *pytest_args(project, args)]
+    cmd = [python_exe(venv), "-m", "pytest", "-p", "no:cacheprovider", *pytest_args(project, args)]
     log("$ " + " ".join(map(str, cmd)))
     # Toolchain tests reuse this run's cache (base wheel, pristine sources, stock venv).
     env = {**os.environ, "DYNAPATCH_CACHE_DIR": str(project.cache)}
@@ -435,7 +465,7 @@ def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
             log("wheel or .venv missing or stale: building first")
             args.no_venv = False
             # cmd_build reads build options upstream-tests does not take: build the last variant.
-            args.force = False
+            args.force, args.python = False, None
             args.variant = read_stamp(project).variant if read_stamp(project) else None
             cmd_build(project, args)
         patched = project.venv
@@ -460,24 +490,33 @@ def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
 
 
 def cmd_rebase_check(project: Project, args: argparse.Namespace) -> int:
-    """Exit 0 if the series (with patches/<version>/ overrides) applies to torch <version>; 2 if not."""
+    """Exit 0 if every patch refreshes onto torch <version> without conflicts (applies as it is, at
+    offsets, or by a clean three-way merge); 2 if not."""
     patches = load_series(project)
     check_overrides(project, patches)
+    spec = load_base(project)
+    base = pristine_sources(project, spec, fetch_base_wheel(project, spec, args.base_wheel))
     wheel = fetch_release_wheel(project, args.to, args.wheel)
     target = release_sources(project, wheel, cached=args.wheel is None)
     effective, overridden = with_overrides(project, patches, args.to)
-    tables = [("series as is", patches, set())]
+    out = (args.out or project.build / f"rebase-{args.to}").resolve()
+    tables = [("series as is", patches, set(), out)]
     if overridden:
-        tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden)))
-    for title, series, used in tables:
-        results = rebase_mod.rebase_check(project, series, used, target)
+        tables.append((f"with overrides from patches/{args.to}/", effective, set(overridden), out / "overrides"))
+    for title, series, used, where in tables:
+        # Overrides are refreshed against the release itself: no merge base on the pinned one.
+        results = rebase_mod.rebase_check(project, series, used, target, None if used else base, where)
         print(f"\n{title}:\n{rebase_mod.format_table(results, args.to)}\n", flush=True)
+        log(f"refreshed patches and conflicts: {where}")
+    counts = {s: sum(r.status == s for r in results) for s in
+              (rebase_mod.CLEAN, rebase_mod.OFFSETS, rebase_mod.MERGES, rebase_mod.CONFLICT)}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     failures = rebase_mod.failed(results)
     if failures:
-        raise DynapatchError(f"{len(failures)} of {len(patches)} patches do not apply to torch {args.to}: "
-                             f"{', '.join(r.name for r in failures)}", 2)
-    log(f"rebase-check ok: all {len(patches)} patches apply to torch {args.to}"
-        + (f" ({len(overridden)} through overrides)" if overridden else ""))
+        raise DynapatchError(f"{len(failures)} of {len(patches)} patches conflict with torch {args.to} "
+                             f"({summary}): {', '.join(r.name for r in failures)}", 2)
+    log(f"rebase-check ok: all {len(patches)} patches refresh onto torch {args.to} without conflicts ({summary})"
+        + (f"; {len(overridden)} through overrides" if overridden else ""))
     return 0
 
 
@@ -527,7 +566,7 @@ def cmd_lint(project: Project, args: argparse.Namespace) -> int:
 
 
 def version_text(project: Project) -> str:
-    variants = ", ".join(f"{v.variant} ({v.wheel})" for v in base_variants(project))
+    variants = ", ".join(f"{v.variant} {v.python_tag} ({v.wheel})" for v in base_variants(project))
     return (f"dynapatch.py {dynapatch_commit(project)}\nbase torch {load_base(project).public_version}: {variants}\n"
             f"custom wheel: {load_base(project).patched_version} (or the variant's label)")
 
@@ -569,6 +608,10 @@ def make_parser() -> argparse.ArgumentParser:
             p.add_argument("--variant", metavar="cpu|cuda", help="the base wheel variant "
                            "(default: the one `pip download torch==<version>` "
                            "gives here; for test: the last build's); patches/BASE lists them")
+            p.add_argument("--python", metavar="PYTHON", help="the interpreter the wheel is for (a command "
+                           "or path, e.g. python3.12; default python3): its pip fetches the base wheel of its "
+                           "Python tag, the C++ extension is compiled against it, and the wheel goes into .venv "
+                           "(.venv-cp312 for another Python than patches/BASE's first block's)")
         if name == "build":
             p.add_argument("--no-venv", action="store_true", help="only build the wheel, leave .venv/ as it is")
             p.add_argument("--force", action="store_true", help="rebuild even if nothing changed")
@@ -627,6 +670,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rebase_check)
     p.add_argument("--to", required=True, metavar="VERSION", help="torch release, e.g. 2.14.1")
     p.add_argument("--wheel", type=Path, help="use this wheel of that release instead of pip download")
+    p.add_argument("--out", type=Path, help="where the refreshed patches (NNNN-name.patch) and the conflicts "
+                   "(NNNN-name.conflicts) go (default: build/rebase-VERSION)")
+    p.add_argument("--base-wheel", type=Path, help="the pinned base wheel (the merge base) instead of pip download")
     p = sub.add_parser("stack-test", help="each prefix of the series passes the tests its last patch ships")
     p.set_defaults(func=cmd_stack_test)
     p.add_argument("--patch", action="append", metavar="NAME",

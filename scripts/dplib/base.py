@@ -36,6 +36,11 @@ class BaseSpec:
         return self.version.split("+", 1)[0]
 
     @property
+    def python_tag(self) -> str:
+        """The wheel's Python tag (cp311, cp312, ...), from its file name."""
+        return wheel_python_tag(self.wheel)
+
+    @property
     def base_torch_version(self) -> str:
         return self.torch_version or self.version
 
@@ -89,15 +94,28 @@ def base_variants(project: Project) -> list[BaseSpec]:
     return specs
 
 
-def load_base(project: Project, variant: str | None = None) -> BaseSpec:
-    """The pinned base wheel of `variant` (default: the first in patches/BASE)."""
+def load_base(project: Project, variant: str | None = None, python_tag: str | None = None) -> BaseSpec:
+    """The pinned base wheel of `variant` for `python_tag` (defaults: the first block of
+    patches/BASE; with only `python_tag`, the first block for that Python)."""
     specs = base_variants(project)
+    if python_tag is not None:
+        tagged = [s for s in specs if s.python_tag == python_tag]
+        if not tagged:
+            pinned = sorted({s.python_tag for s in specs})
+            raise DynapatchError(f"patches/BASE pins no {python_tag} wheel (it pins {', '.join(pinned)})")
+        specs = tagged
     if variant is None:
         return specs[0]
     for spec in specs:
         if spec.variant == variant:
             return spec
-    raise DynapatchError(f"patches/BASE has no variant {variant!r} (it pins {', '.join(s.variant for s in specs)})")
+    raise DynapatchError(f"patches/BASE has no variant {variant!r}" + (f" for {python_tag}" if python_tag else "")
+                         + f" (it pins {', '.join(f'{s.variant} {s.python_tag}' for s in specs)})")
+
+
+def default_python_tag(project: Project) -> str:
+    """The Python of the first block of patches/BASE: the one .venv and build/wheel.stamp are for."""
+    return base_variants(project)[0].python_tag
 
 
 def _series_tag(project: Project) -> str:
@@ -116,6 +134,12 @@ def wheel_version(path: Path) -> str:
     if len(parts) < 5 or not path.name.endswith(".whl"):
         raise DynapatchError(f"{path} is not a wheel file name")
     return parts[1]
+
+
+def wheel_python_tag(name: str) -> str:
+    """The Python tag of a wheel file name (PEP 427: name-version-python-abi-platform.whl)."""
+    parts = name.split("-")
+    return parts[2] if len(parts) >= 5 else ""
 
 
 def variant_of_wheel(project: Project, path: Path) -> BaseSpec:
@@ -166,13 +190,15 @@ def _pip_env_args(isolated_index: str | None) -> list[str]:
     return args + (["--cert", cert] if cert else [])
 
 
-def default_variant(project: Project) -> BaseSpec:
-    """The variant `pip download torch==<version> --no-deps` gives on this machine (asked without
-    downloading: pip's resolver report)."""
-    specs = base_variants(project)
+def default_variant(project: Project, python: str = "python3", python_tag: str | None = None) -> BaseSpec:
+    """The variant `pip download torch==<version> --no-deps` gives on this machine for the
+    interpreter `python` (asked without downloading: its pip's resolver report)."""
+    specs = [s for s in base_variants(project) if python_tag is None or s.python_tag == python_tag]
+    if not specs:
+        load_base(project, python_tag=python_tag)  # raises: names the pinned tags
     with tempfile.TemporaryDirectory(prefix="dynapatch-resolve-") as tmp:
         report = Path(tmp) / "report.json"
-        run(["python3", "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+        run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
              "--only-binary=:all:", "--report", report, f"torch=={specs[0].public_version}"], capture=True)
         items = json.loads(report.read_text()).get("install", [])
     if len(items) != 1:
@@ -185,12 +211,14 @@ def default_variant(project: Project) -> BaseSpec:
             return spec
     raise DynapatchError(
         f"pip download torch=={specs[0].public_version} gives {filename} (sha256 {digest}), which patches/BASE "
-        f"does not pin; choose one with --variant {'|'.join(s.variant for s in specs)} or --base-wheel F")
+        f"does not pin; choose one with --variant {'|'.join(s.variant for s in specs)} or --base-wheel F "
+        f"(a pip constraint file may cap torch: PIP_CONSTRAINT=/dev/null lifts it for one command)")
 
 
-def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = None) -> Path:
-    """Return the verified base wheel: `explicit`, the cached copy, or `pip download` (the user's pip
-    configuration first; if it gives another variant, the variant's own index)."""
+def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = None, python: str = "python3") -> Path:
+    """Return the verified base wheel: `explicit`, the cached copy, or `pip download` by the
+    interpreter `python` (the wheel is for it: the user's pip configuration first; if it gives
+    another variant, the variant's own index)."""
     if explicit is not None:
         if not explicit.is_file():
             raise DynapatchError(f"base wheel {explicit} does not exist")
@@ -207,7 +235,7 @@ def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = N
             # An exact pin where the version has a local label (2.13.0+cpu); the public one otherwise.
             # pip's progress bar is the only progress of this (0.5 GB) step: kept on a terminal.
             quiet = [] if sys.stdout.isatty() else pip_quiet()
-            run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *quiet,
+            run([python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *quiet,
                  *_pip_env_args(index), "-d", tmp, f"torch=={spec.version}"], quiet=bool(quiet))
             wheels = list(Path(tmp).glob("torch-*.whl"))
             if len(wheels) == 1 and wheels[0].name == spec.wheel:

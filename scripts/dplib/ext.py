@@ -14,20 +14,25 @@ from pathlib import Path
 from . import common
 from .base import BaseSpec
 from .common import debug, DynapatchError, pip_quiet, Project, python_exe, run
+from .interp import Interpreter, resolve_interpreter
 
 EXTENSION_DIR = "torch/_dynamo"
 EXTENSION_NAME = "_guard_accel"
 BUILD_LOG = "ext-build.log"
 
 
-def tool_env(project: Project) -> Path:
-    """A venv with the pinned build tools (cmake, ninja, setuptools from PyPI), made once; its
-    cmake and ninja must run."""
+def tool_env(project: Project, python: Interpreter | None = None) -> Path:
+    """A venv of the interpreter `python` (default python3) with the pinned build tools (cmake, ninja,
+    setuptools from PyPI), made once per Python version; its cmake and ninja must run. The extension
+    is compiled against the Python that runs setup.py: this venv's."""
+    python = python or resolve_interpreter(None)
     reqs = (project.root / "requirements-build.txt").read_bytes()
-    env = project.cache / f"toolenv-{hashlib.sha256(reqs).hexdigest()[:12]}"
+    # The cp311 one keeps its earlier name, so existing caches stay valid.
+    suffix = "" if python.tag == "cp311" else f"-{python.tag}"
+    env = project.cache / f"toolenv-{hashlib.sha256(reqs).hexdigest()[:12]}{suffix}"
     if not (env / ".complete").is_file():
         shutil.rmtree(env, ignore_errors=True)
-        run(["python3", "-m", "venv", env])
+        run([python.executable, "-m", "venv", env])
         run([python_exe(env), "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-build.txt"],
             quiet=True)
         (env / ".complete").write_text("ok\n")
@@ -77,11 +82,11 @@ def find_cxx() -> str:
                          "the guard accelerator needs one; on Debian: apt-get install g++")
 
 
-def check_toolchain(project: Project) -> Path:
+def check_toolchain(project: Project, python: Interpreter | None = None) -> Path:
     """Everything the extension build needs, before anything is built: compiler, cmake, ninja."""
     cxx = find_cxx()
     debug(f"C++ compiler: {cxx}")
-    return tool_env(project)
+    return tool_env(project, python)
 
 
 def _build_dir(project: Project, spec: BaseSpec, sources: Path | None = None) -> Path:

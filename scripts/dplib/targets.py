@@ -110,8 +110,14 @@ def fetch_release_wheel(project: Project, version: str, explicit: Path | None = 
     if not cached:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "-d", tmp, f"torch=={version}"])
+            try:
+                run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                     "-d", tmp, f"torch=={version}"])
+            except DynapatchError as e:
+                # A pip configuration may pin torch below the release (a constraint file).
+                raise DynapatchError(f"{e}\npip could not download torch=={version}: if a pip constraint "
+                                     f"file caps torch, `PIP_CONSTRAINT=/dev/null` lifts it for one command; "
+                                     f"or download the wheel and pass --wheel F") from e
             wheels = list(Path(tmp).glob("torch-*.whl"))
             if len(wheels) != 1:
                 raise DynapatchError(f"pip download torch=={version} gave {wheels}")

@@ -165,7 +165,7 @@ class BaseWheelTest(ProjectCopyTestCase):
     def test_unknown_variant_refused(self):
         before = self.last_good_build()
         proc = self.dynapatch("build", "--no-venv", "--variant", "rocm")
-        self.assertFailsWith(proc, 1, "no variant 'rocm'", "cpu, cuda")
+        self.assertFailsWith(proc, 1, "no variant 'rocm' for cp311", "cpu cp311, cuda cp311")
         self.assertLastGoodBuildKept(before)
 
     def test_variants_label_the_custom_wheel(self):
@@ -227,6 +227,92 @@ class BuildTest(ProjectCopyTestCase):
         self.assertEqual(self.dist_and_stamp(), before)
 
 
+def other_python():
+    """An installed CPython other than the one running the tests (3.12 or 3.13), or None."""
+    from dplib.common import DynapatchError
+    from dplib.interp import resolve_interpreter
+    for name in ("python3.12", "python3.13"):
+        try:
+            found = resolve_interpreter(name)
+        except DynapatchError:
+            continue
+        if found.version != f"{sys.version_info[0]}.{sys.version_info[1]}":
+            return found
+    return None
+
+
+class PythonTagTest(ProjectCopyTestCase):
+    """build/test --python: base wheel, stamp and venv per Python tag."""
+
+    def setUp(self):
+        super().setUp()
+        self.other = other_python()
+        if self.other is None:
+            self.skipTest("no Python 3.12 or 3.13 installed")
+
+    def fake_build(self, tag, variant):
+        """dist/ and build/wheel[-tag].stamp as a successful build for `tag` leaves them (current inputs)."""
+        project = Project.at(self.project)
+        spec = load_base(project, variant, tag)
+        (self.project / "dist").mkdir(exist_ok=True)
+        wheel = self.project / "dist" / wheel_mod.patched_wheel_name(spec)
+        wheel.write_bytes(f"good {tag} wheel".encode())
+        stamp = dynapatch_mod.Stamp(dynapatch_mod.inputs_digest(project), wheel.name, sha256_file(wheel),
+                                    variant, tag)
+        (self.project / "build").mkdir(exist_ok=True)
+        dynapatch_mod.write_stamp(project, stamp)
+        return dynapatch_mod.stamp_file(project, tag)
+
+    def test_base_blocks_per_python_tag(self):
+        project = Project.at(self.project)
+        self.assertEqual(load_base(project).python_tag, "cp311")  # the default: the first block
+        for tag in ("cp312", "cp313"):
+            spec = load_base(project, python_tag=tag)
+            wheel = f"torch-2.13.0-{tag}-{tag}-manylinux_2_28_x86_64.whl"
+            self.assertEqual((spec.variant, spec.wheel), ("cuda", wheel))
+            self.assertTrue(wheel_mod.patched_wheel_name(spec).endswith(f"-{tag}-{tag}-manylinux_2_28_x86_64.whl"))
+        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--variant", "cpu")
+        self.assertFailsWith(proc, 1, f"no variant 'cpu' for {self.other.tag}", f"cuda {self.other.tag}")
+
+    def test_stamps_and_venvs_are_per_python(self):
+        default = self.fake_build("cp311", "cpu")
+        other = self.fake_build(self.other.tag, "cuda")
+        self.assertEqual(default.name, "wheel.stamp")
+        self.assertEqual(other.name, f"wheel-{self.other.tag}.stamp")
+        before = self.dist_and_stamp(), other.read_bytes()
+        # Each Python's last build is current: a no-op that names its Python.
+        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, env={"CXX": "/nonexistent"})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("nothing changed since the last build: dist/torch-2.13.0+cu130.", proc.stdout)
+        self.assertIn(f"cuda variant, {self.other.tag})", proc.stdout)
+        proc = self.dynapatch("build", "--no-venv", env={"CXX": "/nonexistent"})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("cpu variant, cp311)", proc.stdout)
+        # A change rebuilds; a failed build for one Python leaves both Pythons' wheels and stamps.
+        (self.project / "csrc" / "guard_accel.cpp").write_text("// edited\n")
+        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        self.assertFailsWith(proc, 1, "CXX=/nonexistent")
+        self.assertEqual((self.dist_and_stamp(), other.read_bytes()), before)
+        self.assertEqual(len(list((self.project / "dist").glob("*.whl"))), 2)
+        self.assertEqual(dynapatch_mod.venv_dir(Project.at(self.project), self.other.tag).name,
+                         f".venv-{self.other.tag}")
+        self.assertEqual(dynapatch_mod.venv_dir(Project.at(self.project), "cp311").name, ".venv")
+
+    def test_base_wheel_of_another_python_refused(self):
+        cpu = CACHE / "base" / load_base(Project.at(ROOT), "cpu").wheel
+        if not cpu.is_file():
+            self.skipTest(f"{cpu} not cached")
+        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--base-wheel", str(cpu))
+        self.assertFailsWith(proc, 1, f"{cpu.name} is a cp311 wheel", f"is Python {self.other.version} "
+                             f"({self.other.tag})")
+
+    def test_unknown_interpreter_refused(self):
+        for command in ("build", "test"):
+            proc = self.dynapatch(command, "--python", "python9.9")
+            self.assertFailsWith(proc, 1, "--python python9.9: no interpreter of that name runs")
+            self.assertNotIn("Traceback", proc.stderr)
+
+
 class CommandLineTest(unittest.TestCase):
     def test_test_passes_unknown_arguments_to_pytest_and_keeps_test_dir(self):
         project = Project.at(ROOT)
@@ -270,8 +356,9 @@ class CommandLineTest(unittest.TestCase):
                               text=True, capture_output=True)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertRegex(proc.stdout, r"^dynapatch\.py ([0-9a-f]{40}(\+dirty)?|unknown.*)\n")
-        self.assertIn("base torch 2.13.0: cpu (torch-2.13.0+cpu-", proc.stdout)
-        self.assertIn("cuda (torch-2.13.0-cp311", proc.stdout)
+        self.assertIn("base torch 2.13.0: cpu cp311 (torch-2.13.0+cpu-", proc.stdout)
+        self.assertIn("cuda cp311 (torch-2.13.0-cp311", proc.stdout)
+        self.assertIn("cuda cp312 (torch-2.13.0-cp312", proc.stdout)
         self.assertIn(load_base(Project.at(ROOT)).patched_version, proc.stdout)
 
 

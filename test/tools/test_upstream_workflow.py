@@ -205,11 +205,11 @@ class PatchNameTest(ProjectCopyTestCase):
 class RebaseCheckTest(ProjectCopyTestCase):
     """rebase-check against a small fake release wheel made from the base's own sources."""
 
-    def fake_release(self, version, edit=None, extra=()):
-        """A torch-<version> wheel holding the files the series changes, optionally edited."""
+    def fake_release(self, version, edit=None, extra=(), drop=()):
+        """A torch-<version> wheel holding the files the series changes (but `drop`), optionally edited."""
         pristine = pristine_tree()
         files = sorted({line.split()[2][2:] for p in (self.project / "patches").glob("*.patch")
-                        for line in p.read_text().splitlines() if line.startswith("diff --git ")})
+                        for line in p.read_text().splitlines() if line.startswith("diff --git ")} - set(drop))
         path = self.tmp / f"torch-{version}-{WHEEL_TAGS}.whl"
         with zipfile.ZipFile(path, "w") as zf:
             for rel in files:
@@ -227,24 +227,80 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn(f"| {self.patch.name} | clean |", proc.stdout)
 
-    def test_context_conflict_names_file_and_hunk_and_blocks_later_patches(self):
+    def test_context_change_merges_and_writes_the_refreshed_patch(self):
         def edit(rel, text):
             if rel == "torch/_dynamo/variables/optimizer.py":
-                return text.replace("# which will directly inline\n", "# which will inline\n", 1)
+                # A context line two lines above the line the patch changes (an adjacent one would conflict).
+                return text.replace("# Note: this allows us to intercept", "# Note: this lets us intercept", 1)
+            return text
+        wheel = self.fake_release("2.99.0", edit)
+        proc = self.rebase_check("2.99.0", wheel)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        # The hunk does not apply as it is; the three-way merge says a refresh changes its context.
+        self.assertIn(f"| {self.patch.name} | merges | context of 1 of ", proc.stdout)
+        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +152,7 @@ (context only)", proc.stdout)
+        self.assertIn("1 merges", proc.stdout)
+        # The refreshed patch keeps the header and applies to the release's file exactly.
+        refreshed = self.project / "build/rebase-2.99.0" / self.patch.name
+        self.assertEqual(refreshed.read_text().split("\n---\n")[0], self.patch.read_text().split("\n---\n")[0])
+        tree = self.tmp / "release"
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract("torch/_dynamo/variables/optimizer.py", tree)
+        applied = subprocess.run(["git", "apply", "--check", "--verbose", str(refreshed)], cwd=tree,
+                                 text=True, capture_output=True, env={"GIT_CEILING_DIRECTORIES": str(self.tmp)})
+        self.assertEqual(applied.returncode, 0, applied.stderr)
+        self.assertNotIn("offset", applied.stdout + applied.stderr)
+
+    def test_conflict_names_regions_and_later_patches_are_still_checked(self):
+        # Upstream rewrites the line patch 0001 changes.
+        def edit(rel, text):
+            if rel == "torch/_dynamo/variables/optimizer.py":
+                return text.replace('if name in ("_init_group"):', 'if name in ("_init_group",):', 1)
             return text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
-        self.assertFailsWith(proc, 2, self.patch.name)
-        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +152,7 @@ (context only)", proc.stdout)
-        later = self.number("optimizer-capturable-where-declared")  # the next patch of optimizer.py
-        self.assertRegex(proc.stdout, rf"\| {later}-\S+ \| blocked \| not checked: earlier patch 0001-")
+        self.assertFailsWith(proc, 2, self.patch.name, "1 conflict")
+        self.assertRegex(proc.stdout, rf"\| {self.patch.name} \| conflict \| 1 conflicts: "
+                                      r"torch/_dynamo/variables/optimizer.py:\d+-\d+ \|")
+        self.assertIn("(changed lines differ)", proc.stdout)
+        conflicts = (self.project / "build/rebase-2.99.0" / self.patch.name).with_suffix(".conflicts").read_text()
+        self.assertIn('if name in ("_init_group",):', conflicts)
+        self.assertIn("(pinned base)", conflicts)
+        # The next patch of optimizer.py is checked against the merged file, not left blocked.
+        later = self.number("optimizer-capturable-where-declared")
+        self.assertRegex(proc.stdout, rf"\| {later}-\S+ \| clean \|")
+        self.assertNotIn("blocked", proc.stdout)
+
+    def test_change_the_release_already_has_drops_out(self):
+        # The release carries the patch's own change (a backport): the refresh drops it.
+        patched = self.tmp / "patched"
+        rel = "torch/_dynamo/variables/optimizer.py"  # the one file patch 0001 changes
+        (patched / rel).parent.mkdir(parents=True)
+        shutil.copyfile(pristine_tree() / rel, patched / rel)
+        applied = subprocess.run(["git", "apply", str(self.patch)], cwd=patched, text=True, capture_output=True,
+                                 env={"GIT_CEILING_DIRECTORIES": str(self.tmp)})
+        self.assertEqual(applied.returncode, 0, applied.stderr)
+
+        def edit(rel, text):
+            return (patched / rel).read_text() if rel == "torch/_dynamo/variables/optimizer.py" else text
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
+        self.assertRegex(proc.stdout, rf"\| {self.patch.name} \| merges \| (\d+) of its \1 \+/- lines drop out")
 
     def test_offsets_are_reported_and_accepted(self):
         def edit(rel, text):
             return "# moved\n# down\n" + text if rel == "torch/_dynamo/variables/optimizer.py" else text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn(f"| {self.patch.name} | offsets | torch/_dynamo/variables/optimizer.py @@ -89,7 +89,7 @@: "
+        self.assertIn(f"| {self.patch.name} | offsets | line numbers of 8 hunks | "
+                      f"torch/_dynamo/variables/optimizer.py @@ -89,7 +89,7 @@: "
                       f"offset 2 lines", proc.stdout)
+
+    def test_file_missing_in_the_release(self):
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", drop=["torch/optim/lr_scheduler.py"]))
+        self.assertFailsWith(proc, 2)
+        patch = self.number("lr-scheduler-wraps-compiled-step")
+        self.assertRegex(proc.stdout, rf"\| {patch}-\S+ \| conflict \| not possible \| "
+                                      r"torch/optim/lr_scheduler.py does not exist in the target \|")
+        self.assertNotIn("Traceback", proc.stderr)
 
     def test_overlay_collision(self):
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", extra=["torch/_dynamo/init_once.py"]))
@@ -267,6 +323,7 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn(f"| {self.patch.name} | clean (override) |", proc.stdout)
         # The base build does not see it.
+        # Upstream changed the line next to the one the patch changes: a conflict without the override.
         self.assertIn(f"| {self.patch.name} | conflict |", proc.stdout.split("with overrides")[0])
 
         override.write_text(original.replace("Subject: [PATCH] ", "Subject: [PATCH] other ", 1))
