@@ -321,7 +321,7 @@ class InitValuesOnceVariable(VariableTracker):
         kwargs: dict[str, VariableTracker],
     ) -> VariableTracker:
         try:
-            return self._call_and_guard(tx, args, kwargs)
+            return self._call_and_guard(tx, self._bind(args, kwargs))
         except InlineInstead as reason:
             log.info("init_values_once: tracing %s normally: %s", self.entry.fn.__qualname__, reason)
             return tx.inline_user_function_return(self.fn_vt, args, kwargs)
@@ -353,22 +353,24 @@ class InitValuesOnceVariable(VariableTracker):
 
     # -- steps --------------------------------------------------------------
 
-    def _call_and_guard(
-        self,
-        tx: InstructionTranslatorBase,
-        args: list[VariableTracker],
-        kwargs: dict[str, VariableTracker],
-    ) -> VariableTracker:
+    def _bind(
+        self, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+    ) -> dict[str, VariableTracker]:
+        """The arguments by parameter name, as the call binds them."""
         try:
-            bound = self.entry.signature.bind(*args, **kwargs)
+            return self.entry.signature.bind(*args, **kwargs).arguments
         except TypeError as e:
             raise InlineInstead(f"arguments do not match the signature ({e})") from None
+
+    def _call_and_guard(
+        self, tx: InstructionTranslatorBase, arguments: dict[str, VariableTracker]
+    ) -> VariableTracker:
         self._before_call(tx)
         filled_lists: list[tuple[VariableTracker, list[Any], list[Any]]] = []
-        real = self._real_arguments(tx, bound.arguments, filled_lists)
-        roots = self._guarded_roots(tx, bound.arguments, real)
+        real = self._real_arguments(tx, arguments, filled_lists)
+        roots = self._guarded_roots(tx, arguments, real)
         self._check_no_pending_mutations(tx, roots)
-        self._guard_arguments(tx, bound.arguments, roots)
+        self._guard_arguments(tx, arguments, roots)
         view = _FrameView(tx, roots)
 
         call = self.entry.signature.bind_partial()
@@ -390,7 +392,7 @@ class InitValuesOnceVariable(VariableTracker):
         # arguments' own VariableTrackers, then anything reachable from a guarded input
         # (with its source, so the frame's later mutations reach the real object).
         known: dict[int, VariableTracker | Source] = {}
-        for name, vt in bound.arguments.items():
+        for name, vt in arguments.items():
             known.setdefault(id(real[name]), vt)
         for list_vt, _, after in filled_lists:
             known[id(after)] = list_vt
