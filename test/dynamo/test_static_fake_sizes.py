@@ -1,6 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Fake tensors of inputs with static shapes skip ShapeEnv's per-dimension symbol setup."""
 
+import contextlib
 import unittest.mock
 
 import torch
@@ -146,6 +147,50 @@ class StaticFakeSizesTests(torch._dynamo.test_case.TestCase):
         self.assertEqual({str(s) for s in free_symbols(symbolic)}, expected)
         self.assertEqual({str(s) for s in free_symbols(offset_view)}, expected)
         self.assertEqual(free_symbols(static_view), set())
+
+
+    def test_produce_guards_skips_static_tensors(self):
+        # Static tensors among the placeholders: the same guards, the same roots
+        # recorded through source_ref, but one source_ref per static tensor instead of
+        # one per size, stride and offset (5 for a 4x4 tensor without this patch).
+        from torch._dynamo.source import LocalSource
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental import symbolic_shapes
+
+        shape_env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=shape_env)
+        placeholders = [mode.from_tensor(torch.randn(4, 4), static_shapes=True) for _ in range(3)]
+        placeholders.append(mode.from_tensor(torch.randn(5, 4)))  # symbolic sizes
+        sources = [LocalSource(f"t{i}") for i in range(len(placeholders))]
+
+        def produce(general):
+            refs = []
+
+            def source_ref(source):
+                refs.append(source.name)
+                return source.name
+
+            # The general path: no tensor is taken as static.
+            patch = (
+                unittest.mock.patch.object(symbolic_shapes, "_is_static_unconstrained", return_value=False)
+                if general
+                else contextlib.nullcontext()
+            )
+            with patch:
+                helpers = shape_env.produce_guards_verbose(placeholders, sources, source_ref=source_ref)
+            return [h.exprs for h in helpers], refs
+
+        fast_guards, fast_refs = produce(general=False)
+        general_guards, general_refs = produce(general=True)
+        self.assertEqual(fast_guards, general_guards)
+        self.assertTrue(any("L['t3']" in expr for expr in fast_guards[0]))
+        root = torch._dynamo.guards.strip_function_call
+        self.assertEqual({root(r) for r in fast_refs}, {root(r) for r in general_refs})
+        self.assertEqual([r for r in fast_refs if r.startswith("L['t0']")], ["L['t0'].storage_offset()"])
+        self.assertEqual(len([r for r in general_refs if r.startswith("L['t0']")]), 5)
+        self.assertEqual(
+            [r for r in fast_refs if r.startswith("L['t3']")], [r for r in general_refs if r.startswith("L['t3']")]
+        )
 
 
 if __name__ == "__main__":

@@ -56,27 +56,31 @@ def _step_source(source: Source, kind: str, key: Any) -> Source:
 def _walk(value: Any, source: Source, seen: set[int]) -> Iterator[tuple[Any, Source]]:
     """Every node of `value`'s pytree (dicts, lists, tuples, dict keys, leaves), with
     the source Dynamo's VariableBuilder gives it; each container once, a leaf under
-    every source it has."""
+    every source it has. Depth first, a dict's key before its value; iterative, as a
+    pytree can hold thousands of nodes."""
     from .constant import ConstantVariable
 
-    if isinstance(value, (dict, list, tuple)):
-        if id(value) in seen:
-            return
-        seen.add(id(value))
-    yield value, source
-    if isinstance(value, dict):
-        # As VariableBuilder: keys are sources of their own unless all are constants.
-        const_keys = all(ConstantVariable.is_literal(k) for k in value)
-        for index, (key, item) in enumerate(value.items()):
-            if const_keys:
-                item_key = key
+    stack = [(value, source)]
+    while stack:
+        value, source = stack.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        yield value, source
+        if isinstance(value, dict):
+            children: list[tuple[Any, Source]] = []
+            # As VariableBuilder: keys are sources of their own unless all are constants.
+            if all(ConstantVariable.is_literal(k) for k in value):
+                children.extend((item, DictGetItemSource(source, key)) for key, item in value.items())
             else:
-                item_key = ConstDictKeySource(source, index)
-                yield from _walk(key, item_key, seen)
-            yield from _walk(item, DictGetItemSource(source, item_key), seen)
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from _walk(item, GetItemSource(source, index), seen)
+                for index, (key, item) in enumerate(value.items()):
+                    key_source = ConstDictKeySource(source, index)
+                    children.append((key, key_source))
+                    children.append((item, DictGetItemSource(source, key_source)))
+            stack.extend(reversed(children))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((value[i], GetItemSource(source, i)) for i in reversed(range(len(value))))
 
 
 def _containers(value: Any, seen: set[int]) -> Iterator[Any]:
@@ -631,10 +635,19 @@ class InitValuesOnceVariable(VariableTracker):
         tensors: dict[int, tuple[torch.Tensor, GuardSpec]] = {}
         for spec, value, source in roots:
             with _label_guards(tx, self.entry, spec):
-                # Types, tensor metadata, values of leaves, and `is` guards for objects
-                # reachable twice.
-                LazyVariableTracker.realize_all(VariableTracker.build(tx, value, source))
                 for node, node_source in _walk(value, source, set()):
+                    if type(node) in (dict, list, tuple):
+                        # Guarded directly: a VariableTracker of the container (and a
+                        # LazyVariableTracker per item) would only serve these guards.
+                        install_guard(node_source.make_guard(GuardBuilder.TYPE_MATCH))
+                    else:
+                        # A leaf (tensor metadata, a constant's value, an `is` guard for
+                        # an object reachable twice), or a container of another type,
+                        # guarded as VariableBuilder guards it. A tensor's VariableTracker
+                        # holds nothing lazy: only other leaves need realize_all.
+                        vt = VariableTracker.build(tx, node, node_source, realize=True)
+                        if not isinstance(node, torch.Tensor):
+                            LazyVariableTracker.realize_all(vt)
                     if isinstance(node, dict):
                         _guard_dict_keys(tx, node, node_source)
                     elif isinstance(node, (list, tuple)):
@@ -677,7 +690,7 @@ class InitValuesOnceVariable(VariableTracker):
             # Presence first, so a grad set to None fails here, with the spec's label,
             # rather than in TENSOR_MATCH, whose reason carries no label.
             install_guard(grad_source.make_guard(GuardBuilder.NOT_NONE_MATCH))
-            VariableTracker.build(tx, tensor.grad, grad_source).realize()
+            VariableTracker.build(tx, tensor.grad, grad_source, realize=True)
             tensor_sources.setdefault(id(tensor.grad), grad_source)
 
     def _wrap_tensor(
@@ -735,9 +748,9 @@ def _guard_dict_keys(tx: InstructionTranslatorBase, value: dict[Any, Any], sourc
     tx.output.guard_on_key_order.add(source)
     if value and all(isinstance(k, torch.Tensor) for k in value):
         # Already guarded: with its key order guarded the dict's node is a
-        # DictGuardManager, which checks the length, and realizing the dict gave each
-        # key an identity guard (ID_MATCH, or `is` against the same tensor's other
-        # source). DICT_KEYS_MATCH would add a second ID_MATCH per key.
+        # DictGuardManager, which checks the length, and each key, built from its
+        # ConstDictKeySource, has an identity guard (ID_MATCH, or `is` against the same
+        # tensor's other source). DICT_KEYS_MATCH would add a second ID_MATCH per key.
         return
     install_guard(source.make_guard(GuardBuilder.DICT_KEYS_MATCH))
 
