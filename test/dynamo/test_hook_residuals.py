@@ -828,6 +828,21 @@ class HookResidualsTests(HookResidualsTestCase):
             with self.subTest(mode=mode):
                 self.check_matches_eager(intermediate_hook_returns_none, mode, 0, False)
 
+    def test_untraceable_hook_body_breaks_with_its_own_reason(self):
+        # The hook body appends to a global list, so it cannot be traced into the graph,
+        # and its tensor is used in the graph: the graph breaks at register_hook, as
+        # without hook residuals, with the body's own reason (not the escaping-handle
+        # one, which this patch gave before).
+        torch._dynamo.reset()
+        x = torch.ones(3, requires_grad=True)
+        with self.assertRaisesRegex(torch._dynamo.exc.Unsupported, "Unsafe side effect"):
+            torch.compile(intermediate_side_effect_hook, backend="eager", fullgraph=True)(None, x)
+        counters.clear()
+        self.check_matches_eager(intermediate_side_effect_hook, "eager", 1, False)
+        self.assertEqual(len(counters["graph_break"]), 1)
+        (reason,) = counters["graph_break"]
+        self.assertIn("Unsafe side effect", reason)
+
     def test_used_intermediate_is_traced_without_restart(self):
         # Without compiled autograd, a hook on an intermediate used in the graph
         # whose handle stays in the frame is traced into the graph as without

@@ -143,6 +143,7 @@ class PlainFakeTensorTests(torch._dynamo.test_case.TestCase):
             "inference": _inference_tensor(),
             "buffer": buffer,
             "grad needing grad": _param_with_grad_requiring_grad(),
+            "nested tensor offsets": _nested_tensor_offsets(),
         }
         for name, t in others.items():
             with self.subTest(name):
@@ -231,9 +232,34 @@ class PlainFakeTensorTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(len(graph.graph.find_nodes(op="placeholder")), 2)
 
 
+    def test_nested_tensor_built_in_graph_from_its_offsets(self):
+        # The offsets of a nested tensor carry its nested int: the fake of the offsets
+        # passed on their own must share it with the nested tensor's, or `nt * nt2`
+        # fails with shapes (3, s0, 5) and (3, s1, 5). Without this patch the offsets
+        # took the fast path and lost it.
+        def f(nt, values, offsets):
+            nt2 = torch.nested.nested_tensor_from_jagged(values, offsets)
+            return nt * nt2
+
+        values = torch.randn(10, 5)
+        offsets = torch.tensor([0, 2, 6, 10])
+        nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        actual = torch.compile(f, backend=counter, fullgraph=True)(nt, values, offsets)
+        self.assertEqual(actual.values(), f(nt, values, offsets).values())
+        self.assertEqual(counter.frame_count, 1)
+
+
 def _inference_tensor():
     with torch.inference_mode():
         return torch.randn(3)
+
+
+def _nested_tensor_offsets():
+    offsets = torch.tensor([0, 2, 6, 10])
+    torch.nested.nested_tensor_from_jagged(torch.randn(10, 5), offsets)
+    return offsets
 
 
 def _param_with_grad_requiring_grad():

@@ -51,7 +51,16 @@ def _is_plain(t: torch.Tensor) -> bool:
         and not torch._is_functional_tensor(t)
         and not getattr(t, "_is_buffer", False)
         and t.untyped_storage().nbytes() > 0
+        and not _has_nested_int(t)
     )
+
+
+def _has_nested_int(t: torch.Tensor) -> bool:
+    """Whether ``t`` is the offsets (or lengths) of a nested tensor: the general path
+    gives its fake the symbolic nested int every nested tensor built on it shares."""
+    from torch.nested._internal.nested_tensor import _tensor_symint_registry
+
+    return t in _tensor_symint_registry
 
 
 def _static_sizes(t: torch.Tensor, shape_env: ShapeEnv | None, symbolic_context: SymbolicContext | None) -> bool:

@@ -288,8 +288,9 @@ class HookHandleVariable(RemovableHandleVariable):
 # * GRAPH_BREAK: the handle escapes (or the hook body cannot be traced) and the
 #   tensor is used in the graph (or is a view, whose history an in-place op on
 #   its base could rebase): register_hook runs eagerly on the real tensor at a
-#   graph break, and later uses of the tensor are traced in the resume function,
-#   where it is an input. check_residual_registrations makes that decision for a
+#   graph break (whose reason is the body's own when it cannot be traced), and
+#   later uses of the tensor are traced in the resume function, where it is an
+#   input. check_residual_registrations makes that decision for a
 #   RESIDUAL registration whose tensor turns out to be used.
 # Under compiled autograd the residual path comes first (the BackwardState
 # trampoline is wrong on a tensor that leaves the graph), and a hook whose
