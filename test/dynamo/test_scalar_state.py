@@ -655,7 +655,7 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
         self.assertIn("self.param_groups[0]['lr'] == 0.01", reason)
         self.assertIn(
             "self.param_groups[0]['lr'] is specialized until it changes; the recompile traces it as a "
-            "dynamic SymFloat",
+            "float64 tensor input",
             reason,
         )
         # weight_decay never changed: still specialized on its value
@@ -768,6 +768,11 @@ def attr_fmod(x, o):
     return x * o.v + math.fmod(o.v, 0.3)
 
 
+def attr_times_complex(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x.to(torch.complex64) * o.v
+
+
 def attr_min(x, o):
     o.v = o.v * 0.9 + 0.05
     return x * min(o.v, 0.5)
@@ -869,7 +874,10 @@ def resume_after_item(x, group):
 # (eager 3 / 3 / 2 / 3 / 3, aot_eager the same: fewer than unpatched under aot_eager, but
 # more under eager, and more in real code such as pytorch-optimizer's Prodigy, whose
 # resume functions recompile for the floats they are handed); the places no store
-# hook sees compiled 7 under aot_eager (a tensorify restart per graph).
+# hook sees compiled 7 under aot_eager (a tensorify restart per graph), then 6 (a
+# SymFloat once they changed, specialized by the tensorify pass) and now 2: a float
+# that changed between calls is a float64 tensor input like one the frame stores to.
+# A complex operand is a use the tensor form leaves to the default wrapping.
 PINNED_USES = {
     "attr_is_not_none": (attr_is_not_none, Places, 2, 6),
     "dict_truth": (dict_truth, Places, 2, 6),
@@ -877,14 +885,15 @@ PINNED_USES = {
     "attr_formatted": (attr_formatted, Places, 6, 6),
     "attr_floor": (attr_floor, Places, 2, 6),
     "attr_fmod": (attr_fmod, Places, 6, 6),
+    "attr_times_complex": (attr_times_complex, Places, 6, 6),
     "attr_min": (attr_min, Places, 2, 6),
     "attr_max": (attr_max, Places, 2, 6),
     "attr_round": (attr_round, Places, 2, 7),
-    "slots_attr": (slots_attr, SlotsPlace, 2, 6),
-    "namedtuple_replace": (namedtuple_replace, TuplePlace, 2, 6),
-    "dict_update_pairs": (dict_update_pairs, TuplePlace, 2, 6),
+    "slots_attr": (slots_attr, SlotsPlace, 2, 2),
+    "namedtuple_replace": (namedtuple_replace, TuplePlace, 2, 2),
+    "dict_update_pairs": (dict_update_pairs, TuplePlace, 2, 2),
     "global_float": (global_float, TuplePlace, 2, 6),
-    "nonlocal_float": (nonlocal_float, NonlocalPlace, 2, 6),
+    "nonlocal_float": (nonlocal_float, NonlocalPlace, 2, 2),
 }
 
 

@@ -1,38 +1,31 @@
 # Owner(s): ["module: dynamo"]
 """A float that AOTAutograd's _tensorify_python_scalars takes as a tensor for one use
-(``x * c.s``) and specializes for another (``x.clamp(min=1 - c.s)``): the compiled code
-must never return a result computed with an old value of the float."""
+(``x * s``) and specializes for another (``x.clamp(min=1 - s)``): the compiled code
+must never return a result computed with an old value of the float. The float is a
+frame argument, which automatic dynamic makes a SymFloat once it changes."""
 
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.testing import CompileCounterWithBackend
 
 
-class Holder:
-    def __init__(self):
-        self.s = 0.5
+def clamp_by_complement(x, s):
+    return x * s, x.clamp(min=1 - s)
 
 
-def clamp_by_complement(x, c):
-    return x * c.s, x.clamp(min=1 - c.s)
-
-
-def clamp_by_polynomial(x, c):
+def clamp_by_polynomial(x, s):
     # sympy prints the pinned expression as `0.125 + 2.25*s`, which rounds otherwise
     # than the frame's `(s * 1.5 + 0.05) * 1.5 + 0.05` for s = 0.1.
-    return x * c.s, x.clamp(min=(c.s * 1.5 + 0.05) * 1.5 + 0.05)
+    return x * s, x.clamp(min=(s * 1.5 + 0.05) * 1.5 + 0.05)
 
 
 class PartiallyTensorifiedFloatTests(torch._dynamo.test_case.TestCase):
     def check(self, fn, backend, values, frames):
-        c = Holder()
         cnt = CompileCounterWithBackend(backend)
         compiled = torch.compile(fn, backend=cnt)
-        for v in values:
-            c.s = v
+        for s in values:
             x = torch.linspace(-1, 1, 5)
-            self.assertEqual(compiled(x, c), fn(x, c), atol=0, rtol=0)
-            self.assertEqual(c.s, v)
+            self.assertEqual(compiled(x, s), fn(x, s), atol=0, rtol=0)
         self.assertEqual(cnt.frame_count, frames)
 
     def test_not_stale_from_the_aot_autograd_cache(self):
@@ -43,7 +36,7 @@ class PartiallyTensorifiedFloatTests(torch._dynamo.test_case.TestCase):
 
     def test_pinned_expression_holds_on_its_own_frame(self):
         # Without this patch the third call fails to compile: "Guard failed on the same
-        # frame it was created" for `(0.125 + 2.25*c.s) == 0.35000000000000003`.
+        # frame it was created" for `(0.125 + 2.25*s) == 0.35000000000000003`.
         self.check(clamp_by_polynomial, "aot_eager", (0.5, 0.3, 0.1, 0.7), 5)
 
 

@@ -21,8 +21,8 @@ change-driven (a value is specialized until it is seen to change):
   counter another frame steps): automatic dynamic sees the change after one recompile.
   Ints Dynamo would specialize whatever automatic dynamic says (nn.Module attributes,
   places reached from globals) are then traced as dynamic SymInts (`wrap_changed_int`);
-  floats become SymFloats as without this module, which
-  torch/fx/passes/_tensorify_python_scalars.py keeps as tensors in more ops.
+  floats at an object's attribute or in a container as FLOAT_TENSOR inputs, the same
+  representation as a float the frame stores to (`wrap_changed_float`).
 
 How a place is traced is its record (`places`: source name -> kind):
 
@@ -30,12 +30,11 @@ How a place is traced is its record (`places`: source name -> kind):
   where Python ints do not overflow: every int the graph computes from it is guarded to
   fit (_Int64Check), and one that does not fit on the frame's values restarts with the
   place SPECIALIZED_INT.
-- FLOAT_TENSOR: a float the frame stores to, a 0-d float64 tensor graph input held by
+- FLOAT_TENSOR: a float, a 0-d float64 tensor graph input held by
   variables/float_as_tensor.py's FloatAsTensorVariable, whose arithmetic is Python's to
   the bit; a use it cannot trace as Python would records DEFAULT_FLOAT (wrapped as
   without this module, a SymFloat once it changes) or, for uses Dynamo gets wrong on a
-  SymFloat, SPECIALIZED_FLOAT (a constant). Floats changed from outside are SymFloats:
-  `float_representation` is where the two are chosen.
+  SymFloat, SPECIALIZED_FLOAT (a constant).
 
 Records live on the PGO CodeState of the frame's code (`code_state`; a resume function
 after a graph break uses its original frame's), so they survive recompiles and, with
@@ -219,14 +218,14 @@ def _decide(tx: InstructionTranslatorBase, old: int | float, value: VariableTrac
 
 
 def float_representation(tx: InstructionTranslatorBase) -> str | None:
-    """The one decision between the two float representations. A float the frame
-    stores to is a FLOAT_TENSOR input: its write-back is a tensor, which neither
-    _tensorify_python_scalars specializes nor inductor writes back stale, as it does a
-    SymFloat graph output. A float changed only from outside stays what automatic
-    dynamic makes it (a SymFloat, which the tensorify pass keeps as a tensor where it
-    feeds an op). None where no float input can be made: specialize_float (the user
-    asked for static floats), export (local inputs only), cudagraphs (no CPU float64
-    input, as in wrap_symfloat)."""
+    """How a float place is traced once it is seen to change, whether the frame stores
+    to it or it changes between calls: a FLOAT_TENSOR input. Not a SymFloat, as
+    without this module: _tensorify_python_scalars specializes a SymFloat per value
+    wherever it feeds an op the pass has no tensor form for, inductor writes a
+    SymFloat graph output back stale, and the shape environment guards it with a
+    Python NaN check at the guard root. None where no float input can be made:
+    specialize_float (the user asked for static floats), export (local inputs only),
+    cudagraphs (no CPU float64 input, as in wrap_symfloat)."""
     if config.specialize_float or tx.export or torch._inductor.config.triton.cudagraphs:
         return None
     return FLOAT_TENSOR
@@ -486,11 +485,32 @@ def changed_int_hint(source: Source, hint: str | None) -> str | None:
     )
 
 
+def wrap_changed_float(builder: VariableBuilder, value: float) -> VariableTracker | None:
+    """The float `value` at builder.source, which automatic dynamic has seen change
+    between compiles, as a FLOAT_TENSOR input (the float representation of a place the
+    frame stores to), recorded so, where it is at an object's attribute or in a
+    container and no use recorded it otherwise; else None (a SymFloat, as without this
+    module)."""
+    source = builder.source
+    records = places(builder.tx)
+    if (
+        not _changes_make_dynamic(source)
+        or records.get(source.name, FLOAT_TENSOR) != FLOAT_TENSOR
+        or float_representation(builder.tx) is None
+    ):
+        return None
+    var = _wrap_float_tensor(builder, value)
+    if var is not None:
+        records[source.name] = FLOAT_TENSOR
+        recompiles_log.info("%s changed between calls: it is now traced as a float64 tensor input", source.name)
+    return var
+
+
 def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
     """The guard on a float at `source` that wrap_symfloat specializes because automatic
     dynamic has not seen it change yet (`entry`, its FrameStateSizeEntry): its value
-    guard, with a recompile hint saying that a change makes it a SymFloat where one
-    makes it so (the other reasons wrap_symfloat specializes for never change)."""
+    guard, with a recompile hint saying that a change makes it a float64 tensor input
+    where one makes it so (the other reasons wrap_symfloat specializes for never change)."""
     from .guards import GuardBuilder
     from .pgo import auto_dynamic
     from .source import is_constant_source
@@ -506,7 +526,7 @@ def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
     ):
         return GuardBuilder.CONSTANT_MATCH
     hint = (
-        f"{source.name} is specialized until it changes; the recompile traces it as a dynamic SymFloat "
+        f"{source.name} is specialized until it changes; the recompile traces it as a float64 tensor input "
         "(torch._dynamo.config.scalar_state)"
     )
     return functools.partial(GuardBuilder.EQUALS_MATCH, recompile_hint=hint)

@@ -1,28 +1,32 @@
-"""Floats a compiled frame stores new values to, traced as 0-d float64 tensor graph
-inputs (the FLOAT_TENSOR places of torch/_dynamo/scalar_places.py).
+"""Floats a compiled program keeps changing at an object's attribute, a dict entry or
+a list slot, traced as 0-d float64 tensor graph inputs (the FLOAT_TENSOR places of
+torch/_dynamo/scalar_places.py): one the frame stores new values to, and one that
+changes between calls (an LR scheduler's ``param_groups[0]['lr']``).
 
 Without this file Dynamo specializes such a float on its value on the first compile
 and makes it a SymFloat once it has changed (automatic dynamic). A decay such as
 ``self.temp *= 0.9`` so compiles twice, guards with ``not math.isnan(...)`` (a Python
-lambda at the root of the guard tree), and under AOTAutograd the SymFloat the graph
-returns for the write-back is specialized by _tensorify_python_scalars: one compile per
-value (and, with assume_static_by_default=False, a stale value under inductor).
+lambda at the root of the guard tree), and under AOTAutograd the SymFloat is
+specialized by _tensorify_python_scalars wherever it feeds an op the pass has no
+tensor form for (``_foreach_mul_(params, 1 - lr * wd)``, a clamp bound, the
+write-back): one compile per value, and stale values under inductor (pytorch
+#194976).
 
-scalar_places.py records the place when the frame stores a new float to it and wraps
-it, on the restarted trace, as a graph input passed as a 0-d float64 tensor (the
-tensor wrap_symfloat builds before its item(), without a backed item() symbol), held by
-a FloatAsTensorVariable. The shape environment never sees the value: no guard on it,
-no NaN guard, nothing for _tensorify_python_scalars to specialize; the only guard is
-TYPE_MATCH (and, where a number is divided by it or compared with it, the relation:
-see below). The graph returns the new value as a tensor and the residual stores
-``out.item()`` at the place.
+scalar_places.py records the place when the frame stores a new float to it, or when
+automatic dynamic has seen it change, and wraps it as a graph input passed as a 0-d
+float64 tensor (the tensor wrap_symfloat builds before its item(), without a backed
+item() symbol), held by a FloatAsTensorVariable. The shape environment never sees the
+value: no guard on it, no NaN guard, nothing for _tensorify_python_scalars to
+specialize; the only guard is TYPE_MATCH (and, where a number is divided by it or
+compared with it, the relation: see below). The graph returns a new value as a tensor
+and the residual stores ``out.item()`` at the place.
 
 A tensor is not a Python float, so FloatAsTensorVariable lets through only the operations
-whose tensor form gives the same result, dtype and bits as the float form:
+whose traced form gives the same result, dtype and bits as the float form:
 
 - ``+ - * /`` (and their in-place forms), unary ``- + abs()`` with an int (|i| <= 2**53)
   or float constant, a SymInt (a module counter), a SymFloat or another such variable:
-  IEEE double arithmetic, exactly Python's.
+  IEEE double arithmetic on the float64 tensor, exactly Python's.
   ``c / f`` divides a float64 tensor holding c (``operator.truediv(c, tensor)`` would run
   Tensor.__rtruediv__, a reciprocal and a multiply). Where the tensor gives inf or nan
   for a zero divisor, Python raises ZeroDivisionError: each such variable carries the
@@ -31,28 +35,23 @@ whose tensor form gives the same result, dtype and bits as the float form:
   guards ``(L['self'].t * 0.9) != 0.0``) and, when it is zero, under a guard that it is
   zero, raising ZeroDivisionError as Python does. A SymInt or SymFloat divisor is
   guarded by the shape environment, a constant one needs no guard.
-- ``+ - * /`` with a CPU tensor t: the float64 tensor is cast to the compute type of
-  the result (float32 for float16/bfloat16) and an integer t to the default dtype, as
-  the op does with a Python scalar, then the op is traced as eager computes it:
-  ``f + t`` as ``t + f``, ``f * t`` as ``t * f``, ``f - t`` as ``torch.rsub(t, f)``,
-  ``f / t`` as ``t.reciprocal() * f`` (Tensor.__r<op>__). See _tensor_casts for what is
-  left out (bool tensors, some 0-d and float16/bfloat16 cases, other devices).
-- ``t.add(f)``, ``t.mul_(f)`` and the other add/sub/mul/div tensor methods (in place
-  only on a tensor that needs no cast) as the operators.
-- ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 - ``== != < <= > >=`` with a number or another such variable (``ema != 0.``, a branch on
   it): decided on this frame's values under a guard that the relation holds, written
   over the PythonFloat expressions (``not ((L['self'].temp * 0.9) < 0.5)``), so a branch
   recompiles only when the relation flips, never per value.
-- ``t.add_(u, alpha=f)`` and the other tensor methods whose Scalar keyword the kernel reads
-  as a number (add, sub: ``alpha``; addcdiv, addcmul: ``value``; CPU tensors): the graph
-  passes ``f.item()`` (an unbacked SymFloat, nothing to guard or specialize), so the
-  kernel sees the same Python float as eager (a multiply and an add would round
-  differently from CPU's fused multiply-add).
+- ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
+- Where the float meets a CPU tensor as a kernel's Scalar argument (``f * t``,
+  ``f ** t``, ``t < f``; ``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)``;
+  ``torch._foreach_mul_(ts, f)`` and the other functions of _SCALAR_FUNCTIONS), the graph
+  passes ``f.item()``, an unbacked SymFloat: the kernel reads the same Python float as
+  in eager, and there is nothing to guard or specialize. lerp's weight is the
+  exception: inductor's decomposition of a Scalar weight branches on its value, so it
+  is passed as the tensor in the operands' dtype (lerp.Tensor). Complex tensors and
+  other devices are left out (not verified).
 
-Any other use (``//``, ``**``, ``int()``, ``round()``, ``min``/``max``, truth tests,
-``is None``, hashing (a ``set``), ``math`` and torch functions, methods, the tensor
-operands _tensor_casts leaves out) is not traced on the tensor form: the attributes the
+Any other use (``//`` or ``**`` of numbers, ``int()``, ``round()``, ``min``/``max``,
+truth tests, ``is None``, hashing (a ``set``), ``math`` and other torch functions,
+methods, complex tensors) is not traced on the tensor form: the attributes the
 value derives from are recorded DEFAULT_FLOAT for the frame, and from the restart on
 they are wrapped exactly as without this module (specialized until automatic dynamic
 sees them change, then SymFloats), so such a frame compiles as often as without it.
@@ -327,44 +326,44 @@ def _number_proxy(vt: VariableTracker) -> Any:
     return vt.as_proxy() if isinstance(vt, SymNodeVariable) else vt.as_python_constant()
 
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def _tensor_casts(
-    vt: VariableTracker, op: Any, float_first: bool
-) -> tuple[torch.dtype | None, torch.dtype | None] | None:
-    """For `t op f` (or `f op t` if float_first), t a tensor and f a Python float:
-    (dtype to cast t to, dtype to cast the float64 tensor to) so that the traced
-    tensor op computes what the op with a Python float computes, bitwise, or None.
-
-    With a Python float, the result dtype is t's if it is floating or complex, else the
-    default dtype (t is cast to it by the op); the float is read as a scalar in the
-    result's compute type (float32 for float16/bfloat16). The float64 0-d tensor is
-    cast to that compute type first, so that the CPU kernels and inductor read the
-    same scalar; a 0-d t would otherwise promote with it. Not traced: bool tensors
-    (`bool_tensor - 1.5` raises), 0-d float16/bfloat16/complex tensors, `f - t` and
-    `f / t` with float16/bfloat16 tensors (the scalar comes first there), tensors on
-    other devices (not verified)."""
+def _kernel_tensors(values: list[VariableTracker]) -> bool:
+    """Whether `values` (and lists and tuples among them) hold a tensor, and every
+    tensor is a CPU tensor (the kernels this is verified on) and not complex (type
+    promotion calls complex() on a Scalar of a complex op, a guard on the unbacked
+    item())."""
+    from .lists import BaseListVariable
     from .tensor import TensorVariable, UnspecializedPythonVariable
 
-    if not isinstance(vt, TensorVariable) or isinstance(vt, UnspecializedPythonVariable):
-        return None
-    example = vt.proxy.node.meta.get("example_value")
-    if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
-        return None
-    dtype = example.dtype
-    if dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-        default = torch.get_default_dtype()
-        return (default, default) if default in (torch.float32, torch.float64) else None
-    if dtype in (torch.float32, torch.float64):
-        return None, dtype
-    if dtype in _LOW_PRECISION:
-        if example.dim() == 0 or (float_first and op in (operator.sub, operator.truediv)):
-            return None
-        return None, torch.float32
-    if dtype.is_complex and example.dim() > 0:
-        return None, None
-    return None
+    tensors = []
+    for v in values:
+        items = v.items if isinstance(v, BaseListVariable) else [v]
+        tensors += [
+            t for t in items if isinstance(t, TensorVariable) and not isinstance(t, UnspecializedPythonVariable)
+        ]
+    examples = [t.proxy.node.meta.get("example_value") for t in tensors]
+    return bool(examples) and all(
+        isinstance(e, torch.Tensor) and e.device.type == "cpu" and not e.dtype.is_complex for e in examples
+    )
+
+
+def _as_kernel_scalars(tx: InstructionTranslatorBase, values: list[VariableTracker]) -> list[VariableTracker]:
+    """`values` with each FloatAsTensorVariable replaced by its ``item()``, the Python
+    float a kernel's Scalar argument reads in eager. The item() is an unbacked
+    SymFloat: the shape environment has no value to guard on and
+    _tensorify_python_scalars none to specialize (it only specializes backed float
+    symbols)."""
+    from .builder import wrap_fx_proxy
+
+    # The frame's fake mode refuses data-dependent scalars unless
+    # capture_scalar_outputs; these never steer tracing (they are only passed on to
+    # kernels). AOTAutograd retraces the graph in the same fake mode.
+    tx.fake_mode.allow_scalar_outputs = True
+    return [
+        wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (v.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
+        if isinstance(v, FloatAsTensorVariable)
+        else v
+        for v in values
+    ]
 
 
 def call_builtin(
@@ -375,13 +374,17 @@ def call_builtin(
 ) -> VariableTracker | None:
     """BuiltinVariable(fn)(*args, **kwargs) when an argument is a FloatAsTensorVariable.
     Returns None for the calls the default handlers do right on it (isinstance, type)."""
-    from .builder import wrap_fx_proxy
-
     if fn in (isinstance, type):
         return None
     args = [a.realize() for a in args]
     if not kwargs and fn is float and len(args) == 1:
         return args[0]
+    if not kwargs and fn in _TENSOR_OPERAND_BUILTINS and len(args) == 2 and _kernel_tensors(args):
+        # `f op t` / `t op f` with a tensor t: eager passes f to the kernel as a Scalar
+        # (through Tensor.__r<op>__ for `f op t`); so does the graph.
+        from .builtin import BuiltinVariable
+
+        return BuiltinVariable(fn).call_function(tx, _as_kernel_scalars(tx, args), {})
     if not kwargs and fn in _COMPARISONS and len(args) == 2:
         result = _compare(fn, args)
         if result is not None:
@@ -402,25 +405,6 @@ def call_builtin(
                 # (operator.truediv(c, tensor) would take a reciprocal, then multiply).
                 operands[0] = _proxy(tx, "call_function", torch.full_like, operands[1], operands[0])
             return _float_result(tx, op, tuple(operands), origins, _python_result(op, args))
-        if not all(is_float):
-            t_index = is_float.index(False)
-            float_first = t_index == 1
-            casts = _tensor_casts(args[t_index], op, float_first)
-            if casts is not None:
-                tensor_cast, float_cast = casts
-                f, t = args[1 - t_index].tensor.as_proxy(), args[t_index].as_proxy()  # type: ignore[attr-defined]
-                if tensor_cast is not None:
-                    t = _proxy(tx, "call_method", "to", t, tensor_cast)
-                if float_cast is not None:
-                    f = _proxy(tx, "call_method", "to", f, float_cast)
-                # `f op t` runs Tensor.__r<op>__ in eager; trace what it computes.
-                if float_first and op is operator.truediv:
-                    target, proxy_args = operator.mul, (_proxy(tx, "call_method", "reciprocal", t), f)
-                elif float_first and op is operator.sub:
-                    target, proxy_args = torch.rsub, (t, f)
-                else:
-                    target, proxy_args = op, (t, f)
-                return wrap_fx_proxy(tx, tx.output.create_proxy("call_function", target, proxy_args, {}))
     from .builtin import BuiltinVariable
 
     context = f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})"
@@ -438,6 +422,11 @@ _COMPARISONS = {
     operator.gt: ">",
     operator.ge: ">=",
 }
+
+# Binary operators whose tensor operand takes the float as a kernel Scalar.
+_TENSOR_OPERAND_BUILTINS = frozenset(
+    {*_ARITH, *_COMPARISONS, pow, operator.pow, operator.ipow, operator.floordiv, operator.ifloordiv}
+)
 
 
 def _comparand(vt: VariableTracker) -> PythonFloat | None:
@@ -471,17 +460,76 @@ def _compare(fn: Any, args: list[VariableTracker]) -> VariableTracker | None:
     return ConstantVariable.create(result)
 
 
-_TENSOR_METHODS = {
-    "add": operator.add,
-    "sub": operator.sub,
-    "mul": operator.mul,
-    "div": operator.truediv,
-    "true_divide": operator.truediv,
-    "add_": operator.add,
-    "sub_": operator.sub,
-    "mul_": operator.mul,
-    "div_": operator.truediv,
-}
+# Tensor methods and torch functions whose Python-number arguments are a kernel's
+# Scalar arguments: given a FloatAsTensorVariable, the graph passes its item() (the
+# Python float eager passes). Not the arguments that steer tracing (sizes, dims).
+_SCALAR_METHODS = frozenset(
+    f"{name}{suffix}"
+    for suffix in ("", "_")
+    for name in (
+        "add", "sub", "mul", "div", "true_divide", "clamp", "clamp_min", "clamp_max",
+        "addcmul", "addcdiv", "pow", "masked_fill", "fill",
+    )
+)
+_SCALAR_FUNCTIONS = frozenset(
+    {
+        *(getattr(torch, f"_foreach_{name}{suffix}") for suffix in ("", "_") for name in (
+            "add", "sub", "mul", "div", "addcmul", "addcdiv", "clamp_min", "clamp_max",
+            "maximum", "minimum", "pow",
+        )),
+        torch.add, torch.sub, torch.mul, torch.div, torch.true_divide, torch.clamp,
+        torch.clamp_min, torch.clamp_max, torch.addcmul, torch.addcdiv, torch.pow, torch.full_like,
+    }
+)
+# lerp's Scalar weight makes inductor's decomposition branch on its value (`weight >=
+# 0.5`), which an item() has not: the weight is passed as the 0-d tensor in the
+# operands' dtype instead (lerp.Tensor, the same formula; _foreach_lerp_'s handler
+# takes a tensor weight through its polyfill).
+_WEIGHT_METHODS = frozenset({"lerp", "lerp_"})
+_WEIGHT_FUNCTIONS = frozenset({torch.lerp, torch._foreach_lerp_})
+
+
+def _as_weight_tensors(tx: InstructionTranslatorBase, values: list[VariableTracker]) -> list[VariableTracker] | None:
+    """`values` with each FloatAsTensorVariable replaced by its tensor in the floating
+    dtype of the tensors it operates on, or None if they have none."""
+    from .builder import wrap_fx_proxy
+    from .lists import BaseListVariable
+    from .tensor import TensorVariable
+
+    tensors = [t for v in values for t in (v.items if isinstance(v, BaseListVariable) else [v])]
+    dtypes = {t.proxy.node.meta["example_value"].dtype for t in tensors if type(t) is TensorVariable}
+    if len(dtypes) != 1 or not (dtype := dtypes.pop()).is_floating_point:
+        return None
+    return [
+        wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "to", (v.tensor.as_proxy(), dtype), {}))  # type: ignore[attr-defined]
+        if isinstance(v, FloatAsTensorVariable)
+        else v
+        for v in values
+    ]
+
+
+def _kernel_scalar_call(
+    tx: InstructionTranslatorBase,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+    weight: bool,
+) -> tuple[list[VariableTracker], dict[str, VariableTracker]] | None:
+    """The arguments of a kernel call with its FloatAsTensorVariables as item()s (as
+    weight tensors if `weight`), or None if none is one or a tensor it operates on is
+    not on the CPU (not verified on other devices). A float read lazily is built here
+    to see how it is traced."""
+    from .lazy import LazyVariableTracker
+
+    values = [
+        v.realize() if isinstance(v, LazyVariableTracker) and (v.is_realized() or type(v.peek_value()) is float) else v
+        for v in (*args, *kwargs.values())
+    ]
+    if not any(isinstance(v, FloatAsTensorVariable) for v in values) or not _kernel_tensors(values):
+        return None
+    new_values = _as_weight_tensors(tx, values) if weight else _as_kernel_scalars(tx, values)
+    if new_values is None:
+        return None
+    return new_values[: len(args)], dict(zip(kwargs, new_values[len(args) :]))
 
 
 def call_tensor_method(
@@ -491,76 +539,34 @@ def call_tensor_method(
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
 ) -> VariableTracker | None:
-    """`t.mul_(f)` and the like (add, sub, mul, div, true_divide, in place or not,
-    no keyword arguments) with a FloatAsTensorVariable f, as the binary operators
-    trace them; None to let TensorVariable.call_method handle the call (whose
-    as_proxy restarts with the attribute wrapped as without this module). In place,
-    t is never cast (an integer t raises in eager, as it does here)."""
-    from .builder import wrap_fx_proxy
+    """``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)`` and the other methods of
+    _SCALAR_METHODS with a FloatAsTensorVariable f: f passed as its item(); None to let
+    TensorVariable.call_method handle the call (whose as_proxy restarts with the place
+    wrapped as without this module)."""
     from .tensor import TensorVariable
 
-    key = _SCALAR_KWARGS.get(name)
-    if type(tensor) is TensorVariable and key in kwargs:
-        others = [*args, *(v for k, v in kwargs.items() if k != key)]
-        scalar = _kernel_scalar(tx, tensor, kwargs[key], others)
-        if scalar is not None:
-            return tensor.call_method(tx, name, args, {**kwargs, key: scalar})
-    if (
-        type(tensor) is not TensorVariable
-        or name not in _TENSOR_METHODS
-        or kwargs
-        or len(args) != 1
-        or not isinstance(args[0], FloatAsTensorVariable)
-    ):
+    weight = name in _WEIGHT_METHODS
+    if type(tensor) is not TensorVariable or not (weight or name in _SCALAR_METHODS):
         return None
-    casts = _tensor_casts(tensor, _TENSOR_METHODS[name], False)
-    if casts is None or (name.endswith("_") and casts[0] is not None):
+    call = _kernel_scalar_call(tx, [tensor, *args], kwargs, weight)
+    if call is None:
         return None
-    f = args[0].tensor.as_proxy()  # type: ignore[attr-defined]
-    if casts[1] is not None:
-        f = _proxy(tx, "call_method", "to", f, casts[1])
-    return wrap_fx_proxy(
-        tx, tx.output.create_proxy("call_method", name, (tensor.as_proxy(), f), {})
-    )
+    (_, *args), kwargs = call
+    return tensor.call_method(tx, name, args, kwargs)
 
 
-# Tensor methods whose Scalar keyword argument the kernel reads as a number in the
-# compute type (``p.add_(u, alpha=-step_size)`` is one fused multiply-add on CPU: no
-# tensor form computes the same bits).
-_SCALAR_KWARGS = {
-    "add": "alpha",
-    "add_": "alpha",
-    "sub": "alpha",
-    "sub_": "alpha",
-    "addcdiv": "value",
-    "addcdiv_": "value",
-    "addcmul": "value",
-    "addcmul_": "value",
-}
-
-
-def _kernel_scalar(
-    tx: InstructionTranslatorBase, tensor: VariableTracker, f: VariableTracker, others: list[VariableTracker]
-) -> VariableTracker | None:
-    """``t.add_(u, alpha=f)`` (and sub, addcdiv, addcmul, in place or not) with a
-    FloatAsTensorVariable f as the Scalar: the value to pass instead, ``item()`` of the
-    float64 tensor, so the kernel sees the same Python float as in eager. The item() is
-    an unbacked SymFloat: the shape environment has no value to guard on and
-    _tensorify_python_scalars none to specialize (it only specializes backed float
-    symbols). None to leave the call as it is (one of the `others` arguments is such a
-    variable too, or the tensor is not on the CPU)."""
-    from .builder import wrap_fx_proxy
-
-    if not isinstance(f, FloatAsTensorVariable) or any(isinstance(v, FloatAsTensorVariable) for v in others):
-        return None
-    example = tensor.as_proxy().node.meta.get("example_value")
-    if not isinstance(example, torch.Tensor) or example.device.type != "cpu":
-        return None  # not verified on other devices
-    # The frame's fake mode refuses data-dependent scalars unless capture_scalar_outputs;
-    # this one never steers tracing (it is only passed on to the kernel). AOTAutograd
-    # retraces the graph in the same fake mode: it stays allowed for this trace.
-    tx.fake_mode.allow_scalar_outputs = True
-    return wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (f.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
+def call_torch_function(
+    tx: InstructionTranslatorBase,
+    fn: Any,
+    args: list[VariableTracker],
+    kwargs: dict[str, VariableTracker],
+) -> tuple[list[VariableTracker], dict[str, VariableTracker]]:
+    """The arguments to trace ``fn(*args, **kwargs)`` with, a torch function called
+    with a FloatAsTensorVariable: for _SCALAR_FUNCTIONS each such argument as its
+    item(); otherwise unchanged (its as_proxy restarts as for a method)."""
+    weight = fn in _WEIGHT_FUNCTIONS
+    call = _kernel_scalar_call(tx, args, kwargs, weight) if weight or fn in _SCALAR_FUNCTIONS else None
+    return call if call is not None else (args, kwargs)
 
 
 def _proxy(tx: InstructionTranslatorBase, kind: str, target: Any, *args: Any) -> Any:

@@ -626,20 +626,6 @@ class PendingHookIdVariable(VariableTracker):
             return ConstantVariable.create(self.is_python_equal(other) == (op == "__eq__"))
         refuse_pending_id_use(self, op)
 
-    def var_getattr(
-        self, tx: "InstructionTranslatorBase", name: str
-    ) -> VariableTracker:
-        refuse_pending_id_use(self, name)
-
-    def call_method(
-        self,
-        tx: "InstructionTranslatorBase",
-        name: str,
-        args: list[VariableTracker],
-        kwargs: dict[str, VariableTracker],
-    ) -> VariableTracker:
-        refuse_pending_id_use(self, name)
-
     def reconstruct(self, codegen: "PyCodegen") -> None:
         codegen(self.handle)
         codegen.extend_output([codegen.create_load_attr("id")])
@@ -656,18 +642,20 @@ def refuse_pending_id_use(id_var: VariableTracker, what: str) -> NoReturn:
     )
 
 
-# Every other object protocol slot (arithmetic, ordering, bool, str, index, ...)
-# would need the id's value: it breaks the graph instead.
+# Every other object protocol slot (arithmetic, ordering, bool, str, index, ...),
+# attribute and method would need the id's value: it breaks the graph instead.
 for _slot in [
     name
     for name in vars(VariableTracker)
-    if name.endswith("_impl") and name not in vars(PendingHookIdVariable)
+    if (name.endswith("_impl") or name in ("var_getattr", "call_method"))
+    and name not in vars(PendingHookIdVariable)
 ]:
     setattr(
         PendingHookIdVariable,
         _slot,
         lambda self, tx, *args, _slot=_slot, **kwargs: refuse_pending_id_use(
-            self, _slot
+            # an attribute's or method's name, else the slot's
+            self, args[0] if _slot in ("var_getattr", "call_method") else _slot
         ),
     )
 
