@@ -295,6 +295,21 @@ class GroupPowOpt(StepStateOpt):
                 p.sub_(p.grad * (group["lr"] / math.sqrt(bias_correction)))
 
 
+class GroupRootOpt(StepStateOpt):
+    """A step-size schedule ``lr / math.pow(step, 0.25)`` on the group's int step (as
+    pytorch-optimizer's ADOPT and Muon variants write it)."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            if "step" not in group:
+                group["step"] = 0
+            group["step"] += 1
+            step_size = group["lr"] / math.pow(group["step"], 0.25)
+            for p in group["params"]:
+                p.sub_(p.grad * step_size)
+
+
 class StatePowOpt(StepStateOpt):
     """timm AdaBelief's bias corrections on an int per-parameter step: ``beta ** step``
     and ``math.pow``, passed as ``value=``."""
@@ -395,6 +410,13 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         # Without this patch math.pow specializes the SymInt: a recompile per step
         # until the recompile limit.
         cnt = self.run_opt(GroupPowOpt, CompileCounterWithBackend(backend), calls=10)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_math_pow_of_step_with_constant_exponent(self, backend):
+        # An int base in [1, 2**63] with an exponent in [0, 16] cannot overflow: traced.
+        # Without this patch a recompile per step until the recompile limit.
+        cnt = self.run_opt(GroupRootOpt, CompileCounterWithBackend(backend), calls=10)
         self.assertEqual(cnt.frame_count, 2)
 
     @parametrize("backend", ["eager", "aot_eager", "inductor"])
@@ -783,6 +805,19 @@ def attr_max(x, o):
     return x * max(o.v, 0.5)
 
 
+def attr_sqrt(x, o):
+    o.v = o.v * 0.9 + 0.05
+    return x / math.sqrt(o.v)
+
+
+def attr_sqrt_negative(x, o):
+    o.v = o.v * 0.9 - 0.2  # negative from the second call: math.sqrt raises
+    try:
+        return x / math.sqrt(o.v)
+    except ValueError:
+        return x * 2.0
+
+
 def attr_round(x, o):
     o.v = o.v * 0.9 + 0.05
     return x * round(o.v, 2)
@@ -886,14 +921,27 @@ PINNED_USES = {
     "attr_floor": (attr_floor, Places, 2, 6),
     "attr_fmod": (attr_fmod, Places, 6, 6),
     "attr_times_complex": (attr_times_complex, Places, 6, 6),
-    "attr_min": (attr_min, Places, 2, 6),
-    "attr_max": (attr_max, Places, 2, 6),
     "attr_round": (attr_round, Places, 2, 7),
     "slots_attr": (slots_attr, SlotsPlace, 2, 2),
     "namedtuple_replace": (namedtuple_replace, TuplePlace, 2, 2),
     "dict_update_pairs": (dict_update_pairs, TuplePlace, 2, 2),
     "global_float": (global_float, TuplePlace, 2, 6),
     "nonlocal_float": (nonlocal_float, NonlocalPlace, 2, 2),
+}
+
+
+# Uses decided by a comparison under a guard on its relation (min, max: Python's
+# `b > a` / `b < a`; math.sqrt: `v < 0.0`, ValueError as Python raises) and traced on
+# the float64 tensor: (function, object factory, frames over 6 calls on every backend).
+# Unpatched 2.13 (measured): attr_min, attr_max and attr_sqrt 2 / 6 frames under eager /
+# aot_eager and a stale written-back value from the third call under inductor;
+# attr_sqrt_negative fails the compile (ValueError from the fake math.sqrt under eager,
+# TorchRuntimeError under aot_eager) and is stale under inductor.
+TRACED_USES = {
+    "attr_min": (attr_min, Places, 1),
+    "attr_max": (attr_max, Places, 1),
+    "attr_sqrt": (attr_sqrt, Places, 1),
+    "attr_sqrt_negative": (attr_sqrt_negative, Places, 2),
 }
 
 
@@ -922,6 +970,13 @@ class PinnedUseTests(torch._dynamo.test_case.TestCase):
         fn, make, eager_frames, aot_frames = PINNED_USES[name]
         cnt = self.run_places(fn, make, CompileCounterWithBackend(backend))
         self.assertEqual(cnt.frame_count, eager_frames if backend == "eager" else aot_frames)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    @parametrize("name", list(TRACED_USES))
+    def test_traced_uses(self, name, backend):
+        fn, make, frames = TRACED_USES[name]
+        cnt = self.run_places(fn, make, CompileCounterWithBackend(backend))
+        self.assertEqual(cnt.frame_count, frames)
 
     @parametrize("name", ["attr_is_not_none", "dict_truth"])
     def test_inductor(self, name):

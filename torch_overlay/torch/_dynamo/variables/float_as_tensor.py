@@ -39,6 +39,10 @@ whose traced form gives the same result, dtype and bits as the float form:
   it): decided on this frame's values under a guard that the relation holds, written
   over the PythonFloat expressions (``not ((L['self'].temp * 0.9) < 0.5)``), so a branch
   recompiles only when the relation flips, never per value.
+- ``max(a, b)`` / ``min(a, b)`` with a number or another such variable: ``b`` if
+  ``b > a`` (``b < a``), as Python picks, that comparison decided as above;
+  ``math.sqrt(f)`` as the float64 tensor's correctly rounded square root under a guard
+  that f is not negative (below zero, ValueError as math.sqrt raises).
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 - Where the float meets a CPU tensor as a kernel's Scalar argument (``f * t``,
   ``f ** t``, ``t < f``; ``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)``;
@@ -49,9 +53,9 @@ whose traced form gives the same result, dtype and bits as the float form:
   is passed as the tensor in the operands' dtype (lerp.Tensor). Complex tensors and
   other devices are left out (not verified).
 
-Any other use (``//`` or ``**`` of numbers, ``int()``, ``round()``, ``min``/``max``,
-truth tests, ``is None``, hashing (a ``set``), ``math`` and other torch functions,
-methods, complex tensors) is not traced on the tensor form: the attributes the
+Any other use (``//`` or ``**`` of numbers, ``int()``, ``round()``, truth tests,
+``is None``, hashing (a ``set``), other ``math`` and torch functions, methods,
+complex tensors) is not traced on the tensor form: the attributes the
 value derives from are recorded DEFAULT_FLOAT for the frame, and from the restart on
 they are wrapped exactly as without this module (specialized until automatic dynamic
 sees them change, then SymFloats), so such a frame compiles as often as without it.
@@ -104,7 +108,10 @@ _ARITH = {
     operator.truediv: operator.truediv,
     operator.itruediv: operator.truediv,
 }
-_UNARY = {operator.neg: "(-{})", operator.pos: "(+{})", abs: "abs({})"}
+_UNARY = {operator.neg: "(-{})", operator.pos: "(+{})", abs: "abs({})", math.sqrt: "math.sqrt({})"}
+# The graph op of each: the float64 tensor's is Python's to the bit (IEEE negation,
+# absolute value and correctly rounded square root).
+_UNARY_OPS = {operator.neg: operator.neg, operator.pos: operator.pos, abs: abs, math.sqrt: torch.sqrt}
 _BINARY = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
 
 # Longer expressions are not kept (`self.t = self.t * self.t` in a loop doubles its
@@ -152,9 +159,11 @@ def _python_float_guard(code: str, builder: GuardBuilder, guard: Any) -> None:
     """A guard on a PythonFloat expression, at the root like the shape environment's
     guards. A guard that raises fails (a division by zero inside `code`, whose own
     divisor guard fails too)."""
-    from ..guards import get_verbose_code_parts
+    from ..guards import _get_closure_vars, get_verbose_code_parts
 
-    builder.add_python_lambda_leaf_guard_to_root([code], get_verbose_code_parts([code], guard))
+    builder.add_python_lambda_leaf_guard_to_root(
+        [code], get_verbose_code_parts([code], guard), closure_vars={**_get_closure_vars(), "math": math}
+    )
 
 
 def _raise_on_zero_divisor(
@@ -389,9 +398,23 @@ def call_builtin(
         result = _compare(fn, args)
         if result is not None:
             return result
-    if not kwargs and fn in _UNARY and len(args) == 1:
+    if not kwargs and fn in (max, min) and len(args) == 2:
+        # Python's max(a, b) is a unless b > a (min: unless b < a): that comparison,
+        # decided under a guard on its relation, picks the operand.
+        a, b = args
+        b_wins = _compare(operator.gt if fn is max else operator.lt, [b, a])
+        if b_wins is not None:
+            return b if b_wins.as_python_constant() else a
+    domain_checked = fn is not math.sqrt
+    if not kwargs and fn is math.sqrt and len(args) == 1:
+        # ValueError for a negative operand, as math.sqrt raises: decided under a guard
+        negative = _compare(operator.lt, [args[0], VariableTracker.build(tx, 0.0)])
+        if negative is not None and negative.as_python_constant():
+            raise_observed_exception(ValueError, tx, args=["math domain error"])
+        domain_checked = negative is not None
+    if not kwargs and fn in _UNARY and len(args) == 1 and domain_checked:
         (a,) = args
-        return _float_result(tx, fn, (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))  # type: ignore[attr-defined]
+        return _float_result(tx, _UNARY_OPS[fn], (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
         is_float = [isinstance(v, FloatAsTensorVariable) for v in args]
@@ -508,6 +531,16 @@ def _as_weight_tensors(tx: InstructionTranslatorBase, values: list[VariableTrack
     ]
 
 
+def _realize_floats(values: list[VariableTracker]) -> list[VariableTracker]:
+    """`values` with the floats read lazily built, to see how they are traced."""
+    from .lazy import LazyVariableTracker
+
+    return [
+        v.realize() if isinstance(v, LazyVariableTracker) and (v.is_realized() or type(v.peek_value()) is float) else v
+        for v in values
+    ]
+
+
 def _kernel_scalar_call(
     tx: InstructionTranslatorBase,
     args: list[VariableTracker],
@@ -516,14 +549,8 @@ def _kernel_scalar_call(
 ) -> tuple[list[VariableTracker], dict[str, VariableTracker]] | None:
     """The arguments of a kernel call with its FloatAsTensorVariables as item()s (as
     weight tensors if `weight`), or None if none is one or a tensor it operates on is
-    not on the CPU (not verified on other devices). A float read lazily is built here
-    to see how it is traced."""
-    from .lazy import LazyVariableTracker
-
-    values = [
-        v.realize() if isinstance(v, LazyVariableTracker) and (v.is_realized() or type(v.peek_value()) is float) else v
-        for v in (*args, *kwargs.values())
-    ]
+    not on the CPU (not verified on other devices)."""
+    values = _realize_floats([*args, *kwargs.values()])
     if not any(isinstance(v, FloatAsTensorVariable) for v in values) or not _kernel_tensors(values):
         return None
     new_values = _as_weight_tensors(tx, values) if weight else _as_kernel_scalars(tx, values)
@@ -557,16 +584,24 @@ def call_tensor_method(
 
 def call_torch_function(
     tx: InstructionTranslatorBase,
-    fn: Any,
+    fn_var: VariableTracker,
     args: list[VariableTracker],
     kwargs: dict[str, VariableTracker],
-) -> tuple[list[VariableTracker], dict[str, VariableTracker]]:
-    """The arguments to trace ``fn(*args, **kwargs)`` with, a torch function called
-    with a FloatAsTensorVariable: for _SCALAR_FUNCTIONS each such argument as its
-    item(); otherwise unchanged (its as_proxy restarts as for a method)."""
+) -> VariableTracker | None:
+    """``fn(*args, **kwargs)`` for a torch function (or a math function Dynamo traces as
+    one) called with a FloatAsTensorVariable: for _SCALAR_FUNCTIONS, traced with each
+    such argument as its item() (lerp: its weight tensor), ``math.sqrt`` as the builtin
+    operators are; None to let the call be traced as it is (its as_proxy restarts as
+    for a method)."""
+    fn = fn_var.value  # type: ignore[attr-defined]
+    if fn is math.sqrt:
+        args = _realize_floats(args)
+        if kwargs or len(args) != 1 or not isinstance(args[0], FloatAsTensorVariable):
+            return None
+        return call_builtin(tx, fn, args, kwargs)
     weight = fn in _WEIGHT_FUNCTIONS
     call = _kernel_scalar_call(tx, args, kwargs, weight) if weight or fn in _SCALAR_FUNCTIONS else None
-    return call if call is not None else (args, kwargs)
+    return None if call is None else fn_var.call_function(tx, *call)
 
 
 def _proxy(tx: InstructionTranslatorBase, kind: str, target: Any, *args: Any) -> Any:

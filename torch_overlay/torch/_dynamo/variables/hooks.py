@@ -107,9 +107,8 @@ def refuse_in_subgraph(context: str) -> NoReturn:
     unimplemented(
         gb_type="Tensor hook handle in a higher-order op body",
         context=context,
-        explanation="Dynamo registers and removes tensor hooks with residual "
-        "bytecode after the graph, which a higher-order op body (traced into a "
-        "subgraph) cannot do.",
+        explanation="Tensor hooks are registered and removed by residual bytecode "
+        "after the graph; a higher-order op body is a subgraph, which has none.",
         hints=[*graph_break_hints.SUPPORTABLE],
     )
 
