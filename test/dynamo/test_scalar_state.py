@@ -290,24 +290,20 @@ class GroupPowOpt(StepStateOpt):
             if "step" not in group:
                 group["step"] = 0
             group["step"] += 1
-            bias_correction = 1.0 - math.pow(group["beta"], group["step"])
+            step_size = self.step_size(group)
             for p in group["params"]:
-                p.sub_(p.grad * (group["lr"] / math.sqrt(bias_correction)))
+                p.sub_(p.grad * step_size)
+
+    def step_size(self, group):
+        return group["lr"] / math.sqrt(1.0 - math.pow(group["beta"], group["step"]))
 
 
-class GroupRootOpt(StepStateOpt):
+class GroupRootOpt(GroupPowOpt):
     """A step-size schedule ``lr / math.pow(step, 0.25)`` on the group's int step (as
     pytorch-optimizer's ADOPT and Muon variants write it)."""
 
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            if "step" not in group:
-                group["step"] = 0
-            group["step"] += 1
-            step_size = group["lr"] / math.pow(group["step"], 0.25)
-            for p in group["params"]:
-                p.sub_(p.grad * step_size)
+    def step_size(self, group):
+        return group["lr"] / math.pow(group["step"], 0.25)
 
 
 class StatePowOpt(StepStateOpt):
