@@ -266,6 +266,24 @@ class EmaLrOpt(EmaStateOpt):
                 p.add_(p.grad, alpha=-step_size)
 
 
+class ScalarListOpt(StepStateOpt):
+    """pytorch-optimizer's A2Grad: a float per parameter in its state, decayed each
+    step, passed as a foreach op's ScalarList."""
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = group["params"]
+            for p in params:
+                if len(self.state[p]) == 0:
+                    self.state[p]["alpha"] = 1.0
+            grads = [p.grad.clone() for p in params]
+            torch._foreach_mul_(grads, [group["lr"] * self.state[p]["alpha"] for p in params])
+            torch._foreach_sub_(params, grads)
+            for p in params:
+                self.state[p]["alpha"] = self.state[p]["alpha"] * group["beta"]
+
+
 class EmaWarmupOpt(EmaStateOpt):
     """A branch on a float EMA that flips once (the EMA of the lr passes half the lr)."""
 
@@ -393,6 +411,13 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(dict(torch._dynamo.utils.counters["graph_break"]), {})
         (reason,) = guard_failures[opt_step.__code__]
         self.assertIn("not opt.state", reason)  # the first call filled the state; no value guard failed since
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_float_state_in_a_scalar_list(self, backend):
+        # Each float in the foreach op's ScalarList is passed as its item(). Without this
+        # patch (measured, 6 calls): 3 frames under eager, 7 under aot_eager and inductor.
+        cnt = self.run_opt(ScalarListOpt, CompileCounterWithBackend(backend), exact=backend != "inductor")
+        self.assertEqual(cnt.frame_count, 2)
 
     def test_float_branch_flip_recompiles_once(self):
         # The EMA passes lr / 2 at the 7th call: the guard on the relation fails once.

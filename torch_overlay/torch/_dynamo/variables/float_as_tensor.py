@@ -46,7 +46,8 @@ whose traced form gives the same result, dtype and bits as the float form:
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 - Where the float meets a CPU tensor as a kernel's Scalar argument (``f * t``,
   ``f ** t``, ``t < f``; ``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)``;
-  ``torch._foreach_mul_(ts, f)`` and the other functions of _SCALAR_FUNCTIONS), the graph
+  ``torch._foreach_mul_(ts, f)`` and the other functions of _SCALAR_FUNCTIONS, also as an
+  item of a ScalarList), the graph
   passes ``f.item()``, an unbacked SymFloat: the kernel reads the same Python float as
   in eager, and there is nothing to guard or specialize. lerp's weight is the
   exception: inductor's decomposition of a Scalar weight branches on its value, so it
@@ -367,12 +368,30 @@ def _as_kernel_scalars(tx: InstructionTranslatorBase, values: list[VariableTrack
     # capture_scalar_outputs; these never steer tracing (they are only passed on to
     # kernels). AOTAutograd retraces the graph in the same fake mode.
     tx.fake_mode.allow_scalar_outputs = True
-    return [
-        wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (v.tensor.as_proxy(),), {}))  # type: ignore[attr-defined]
-        if isinstance(v, FloatAsTensorVariable)
-        else v
-        for v in values
-    ]
+
+    def item(v: VariableTracker) -> VariableTracker:
+        if not isinstance(v, FloatAsTensorVariable):
+            return v
+        return wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "item", (v.tensor.as_proxy(),), {}))
+
+    return [_map_lists(item, v) for v in values]
+
+
+def _map_lists(fn: Any, v: VariableTracker) -> VariableTracker:
+    """fn(v), or for a list or tuple (a foreach op's ScalarList) a new one of fn of each item."""
+    from .lists import ListVariable, TupleVariable
+
+    if type(v) in (ListVariable, TupleVariable) and any(isinstance(i, FloatAsTensorVariable) for i in v.items):
+        return type(v)([fn(i) for i in v.items])
+    return fn(v)
+
+
+def _has_float(v: VariableTracker) -> bool:
+    """Whether `v`, or an item of a list or tuple `v`, is a FloatAsTensorVariable."""
+    from .lists import ListVariable, TupleVariable
+
+    items = v.items if type(v) in (ListVariable, TupleVariable) else [v]
+    return any(isinstance(i, FloatAsTensorVariable) for i in items)
 
 
 def call_builtin(
@@ -551,7 +570,7 @@ def _kernel_scalar_call(
     weight tensors if `weight`), or None if none is one or a tensor it operates on is
     not on the CPU (not verified on other devices)."""
     values = _realize_floats([*args, *kwargs.values()])
-    if not any(isinstance(v, FloatAsTensorVariable) for v in values) or not _kernel_tensors(values):
+    if not any(_has_float(v) for v in values) or not _kernel_tensors(values):
         return None
     new_values = _as_weight_tensors(tx, values) if weight else _as_kernel_scalars(tx, values)
     if new_values is None:
