@@ -90,10 +90,8 @@ the packages dir);
 from __future__ import annotations
 
 import argparse
-import hashlib
+import collections
 import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -200,7 +198,7 @@ def compare(a, b, path: str = "") -> tuple[str | None, float]:
         except AssertionError:
             return f"{path}: max abs diff {worst:.3g}", worst
         return None, worst
-    if isinstance(a, (dict, list, tuple)):
+    if isinstance(a, (dict, list, tuple, collections.deque)):  # deques: pytorch-optimizer AdaShift
         if isinstance(a, dict) and list(a) != list(b):
             return f"{path}: keys {list(a)} vs eager {list(b)}", 0.0
         if len(a) != len(b):
@@ -483,31 +481,8 @@ def fail_setup(message: str) -> None:
     sys.exit(2)
 
 
-def packages_dir(python: Path, requirements: Path) -> Path:
-    """The third-party packages, installed once (--no-deps --target) per requirements file."""
-    key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    dest = ROOT / "build" / "bench-scalar" / f"site-{key}"
-    if (dest / ".complete").is_file():
-        return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    subprocess.run(["rm", "-rf", str(tmp), str(dest)], check=True)
-    print(f"installing {requirements.name} into {dest} (--no-deps --target)", flush=True)
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", str(tmp), "-r", str(requirements)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        fail_setup(f"pip install -r {requirements} failed:\n{proc.stdout}\n{proc.stderr}")
-    leaked = [n for n in ("torch", "numpy") if (tmp / n).exists()]
-    if leaked:
-        fail_setup(f"{requirements.name} would install {', '.join(leaked)}: it must not replace the env's")
-    (tmp / ".complete").write_text(requirements.read_text())
-    tmp.rename(dest)
-    return dest
-
-
 def run_side(python: Path, case: str, steps: int, args: argparse.Namespace, pythonpath: Path | None) -> dict:
-    env = benchlib.worker_env(threads=None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = benchlib.worker_env(threads=None, pythonpath=pythonpath)
     argv = [Path(__file__).resolve(), "--child", case, "--steps", steps, "--backend", args.backend,
             "--recompile-limit", args.recompile_limit, *(["--strict-imports"] if args.strict_imports else [])]
     return benchlib.run_worker(str(python), argv, env=env, timeout=args.timeout, check=False)
@@ -588,7 +563,10 @@ def main() -> int:
     stock = benchlib.stock_python(args.stock_python, args.cache_dir.resolve())
     sides = benchlib.sides(argparse.Namespace(stock_python=stock), patched=str(args.patched))
     needs_packages = any(CASES[n].package for n in names)
-    site = packages_dir(Path(stock), REQUIREMENTS) if needs_packages else None
+    try:
+        site = benchlib.bench_packages(stock, REQUIREMENTS) if needs_packages else None
+    except benchlib.SetupError as e:
+        fail_setup(str(e))
 
     results: dict[str, dict[str, dict]] = {}
     for name in names:

@@ -7,6 +7,9 @@ Each benchmark keeps its own cases and figures; what is common lives here:
   * a worker: the same script (or a `-c` program) in a fresh process of either side,
     one thread, answering one JSON line on stdout (`run_worker`), and the stock and
     patched workers alternated over repetitions (`run_sides`);
+  * third-party packages both sides import (timm, pytorch-optimizer): installed once
+    with `pip install --no-deps --target` into a directory put on the workers'
+    PYTHONPATH, so neither env is changed (`bench_packages`, `worker_env(pythonpath=)`);
   * timing: CPU time (`time.process_time`), time per call and medians over rounds;
   * output: medians, stock/patched ratios and markdown tables, formatted alike.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import statistics
@@ -75,13 +79,16 @@ def sides(args: argparse.Namespace, patched: str | None = None) -> dict[str, str
 # ------------------------------------------------------------------------- workers
 
 
-def worker_env(threads: int | None = 1, **extra: str) -> dict[str, str]:
+def worker_env(threads: int | None = 1, pythonpath: str | os.PathLike[str] | None = None,
+               **extra: str) -> dict[str, str]:
     """The environment of a worker: `threads` OpenMP threads (None: as ours), TORCH_LOGS
-    unset, plus `extra`."""
+    unset, `pythonpath` (e.g. `bench_packages`) first on PYTHONPATH, plus `extra`."""
     env = dict(os.environ, **extra)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     env.pop("TORCH_LOGS", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -129,6 +136,35 @@ def run_sides(pythons: dict[str, str], argv: Sequence[str], reps: int, *, label:
             if label:
                 print(f"  {label} {side} {rep + 1}/{reps}", file=sys.stderr, flush=True)
     return results
+
+
+class SetupError(Exception):
+    """An environment a benchmark could not set up (its message says why)."""
+
+
+def bench_packages(python: str | os.PathLike[str], requirements: Path, build_dir: Path = ROOT / "build") -> Path:
+    """The third-party packages of `requirements` (exact pins), installed once with `python
+    -m pip install --no-deps --target` into <build_dir>/bench-scalar/site-<hash of the file>
+    and returned from there after. Put on the workers' PYTHONPATH, they change neither env;
+    a file that would install torch or numpy (replacing the env's) is refused. Raises
+    SetupError."""
+    key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    dest = build_dir / "bench-scalar" / f"site-{key}"
+    if (dest / ".complete").is_file():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    subprocess.run(["rm", "-rf", str(tmp), str(dest)], check=True)
+    print(f"installing {requirements.name} into {dest} (--no-deps --target)", flush=True)
+    proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                           "--target", str(tmp), "-r", str(requirements)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SetupError(f"pip install -r {requirements} failed:\n{proc.stdout}\n{proc.stderr}")
+    leaked = [n for n in ("torch", "numpy") if (tmp / n).exists()]
+    if leaked:
+        raise SetupError(f"{requirements.name} would install {', '.join(leaked)}: it must not replace the env's")
+    (tmp / ".complete").write_text(requirements.read_text())
+    tmp.rename(dest)
+    return dest
 
 
 # ------------------------------------------------------------------------- timing
