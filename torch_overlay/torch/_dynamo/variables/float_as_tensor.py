@@ -619,6 +619,9 @@ def call_torch_function(
             return None
         return call_builtin(tx, fn, args, kwargs)
     weight = fn in _WEIGHT_FUNCTIONS
+    if weight and len(args) == 2 and list(kwargs) == ["weight"]:
+        # positional, as _foreach_lerp_'s handler takes a tensor weight
+        args, kwargs = [*args, kwargs["weight"]], {}
     call = _kernel_scalar_call(tx, args, kwargs, weight) if weight or fn in _SCALAR_FUNCTIONS else None
     return None if call is None else fn_var.call_function(tx, *call)
 
