@@ -316,6 +316,13 @@ class GroupPowOpt(StepStateOpt):
         return group["lr"] / math.sqrt(1.0 - math.pow(group["beta"], group["step"]))
 
 
+class ZeroBetaPowOpt(GroupPowOpt):
+    """``math.pow(0.0, step)``: pytorch-optimizer's Muon groups debias with beta 0.0."""
+
+    def __init__(self, params, lr=0.1, beta=0.0):
+        super().__init__(params, lr, beta)
+
+
 class GroupRootOpt(GroupPowOpt):
     """A step-size schedule ``lr / math.pow(step, 0.25)`` on the group's int step (as
     pytorch-optimizer's ADOPT and Muon variants write it)."""
@@ -431,6 +438,13 @@ class FloatComparePowTests(torch._dynamo.test_case.TestCase):
         # Without this patch math.pow specializes the SymInt: a recompile per step
         # until the recompile limit.
         cnt = self.run_opt(GroupPowOpt, CompileCounterWithBackend(backend), calls=10)
+        self.assertEqual(cnt.frame_count, 2)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_math_pow_of_zero_base(self, backend):
+        # 0.0 for every step > 0, under a guard that the step is positive. Without this
+        # patch a recompile per step until the recompile limit.
+        cnt = self.run_opt(ZeroBetaPowOpt, CompileCounterWithBackend(backend), calls=10)
         self.assertEqual(cnt.frame_count, 2)
 
     @parametrize("backend", ["eager", "aot_eager", "inductor"])
