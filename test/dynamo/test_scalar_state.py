@@ -853,6 +853,13 @@ def attr_sqrt_negative(x, o):
         return x * 2.0
 
 
+def attr_clamp_and_compare(x, o):
+    # the float as a kernel's Scalar: a clamp bound (pytorch #194976's pattern) and a
+    # tensor comparison
+    o.v = o.v * 0.9 + 0.05
+    return x.clamp(max=o.v) + (x < o.v) + torch.clamp(x, min=-o.v)
+
+
 def attr_foreach_lerp_weight(x, o):
     o.v = o.v * 0.9 + 0.05
     ts = [x.clone(), x * 2]
@@ -979,13 +986,15 @@ PINNED_USES = {
 # aot_eager and a stale written-back value from the third call under inductor;
 # attr_sqrt_negative fails the compile (ValueError from the fake math.sqrt under eager,
 # TorchRuntimeError under aot_eager) and is stale under inductor; attr_foreach_lerp_weight
-# 2 / 7 frames and not eager-identical under inductor.
+# 2 / 7 frames and not eager-identical under inductor; attr_clamp_and_compare 2 / 6 frames
+# and a stale written-back value under inductor (pytorch #194976's pattern).
 TRACED_USES = {
     "attr_min": (attr_min, Places, 1),
     "attr_max": (attr_max, Places, 1),
     "attr_sqrt": (attr_sqrt, Places, 1),
     "attr_sqrt_negative": (attr_sqrt_negative, Places, 2),
     "attr_foreach_lerp_weight": (attr_foreach_lerp_weight, Places, 1),
+    "attr_clamp_and_compare": (attr_clamp_and_compare, Places, 1),
 }
 
 

@@ -381,7 +381,7 @@ def _map_lists(fn: Any, v: VariableTracker) -> VariableTracker:
     """fn(v), or for a list or tuple (a foreach op's ScalarList) a new one of fn of each item."""
     from .lists import ListVariable, TupleVariable
 
-    if type(v) in (ListVariable, TupleVariable) and any(isinstance(i, FloatAsTensorVariable) for i in v.items):
+    if type(v) in (ListVariable, TupleVariable) and _has_float(v):
         return type(v)([fn(i) for i in v.items])
     return fn(v)
 
