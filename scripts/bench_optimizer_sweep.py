@@ -31,7 +31,10 @@ use_muon groups, a model instead of parameters, a required count; HESSIAN: backw
 create_graph=True); everything else is built as `cls(model.parameters())`. A compiled
 step that raises is "ERROR", a worker that runs out of time "timeout".
 
-Summary: runnable optimizers, how many stay within 2 graphs per side, every optimizer the
+Summary: runnable optimizers, how many stay within 2 graphs per side and how many more are
+at their branch floor (no graph break, every recompile the first call's or a guard on a
+relation of the step such as RAdam's rectification or `step % k`, at most one recompile
+per such guard: one per side of the branch; each listed with its guards), every optimizer the
 patched side does worse on than stock (more graphs, a limit hit, an eager result
 further from eager, an error), those not eager-identical on the patched side only, and
 every patched case above 2 graphs grouped by its first recompile reason other than the
@@ -49,6 +52,7 @@ the compiled step (a harness error: its traceback is printed); 2 on a setup erro
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import sys
@@ -200,6 +204,7 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
             "eager": "DIFF" if differences else ("same" if max_diff == 0.0 else "close"),
             "eager_detail": "; ".join(differences.values()), "max_diff": max_diff,
             "reasons": list(dict.fromkeys(reasons))[:20], "recompiles": len(reasons),
+            "reason_counts": list(collections.Counter(reasons).items()),
             "graph_breaks": sum(counters["graph_break"].values()),
             "first_break": next(iter(counters["graph_break"]), "").strip().split("\n")[0]}
 
@@ -223,6 +228,34 @@ def cause(reason: str) -> str:
 # or to the param groups (the floor of 2 graphs)
 FIRST_CALL = re.compile(r"^[\w.]+: not (opt|self)\.state$"
                         r"|^[\w.]+: not ___dict_contains\('\w+', (opt|self)\.(state|param_groups\[#\])\)$")
+
+
+# A value guard: `source == number` (a place pinned to one value)
+PINNED = re.compile(r"^[\w.]+: [\w.\[\]'\"()]+ == [-+]?[\d.]+(e[-+]?\d+)?$")
+# A guard on a relation of the step, the shape environment's (`(step % 10) != 0`,
+# `1998.9 + (-1)*(... 0.999 ** torch.sym_float(1 + step) ...) < 4.0`): a Python branch on it
+BRANCH = re.compile(r"^[\w.]+: (not )?\(?.*(%|\*|/| \+ | - |sym_float\(|min\(|max\().* ?(<|<=|>|>=|==|!=) .*$")
+
+
+def branch_floor(r: dict) -> list[str] | None:
+    """The branch guards of a case at its branch floor, None if it is not there: every
+    recompile reason is the first call's (FIRST_CALL) or a guard on a relation of the
+    step (BRANCH, not a pinned value), and the graphs are at most the first call's two
+    plus one per such guard (a recompile lists the failed guard of every cache entry,
+    so a guard is counted by the distinct texts, not by how often it is listed). No
+    graph breaks (their resume functions' graphs have floors of their own)."""
+    counts = r.get("reason_counts")
+    if counts is None or r.get("graph_breaks"):
+        return None
+    branches = []
+    for reason, _ in counts:
+        text = reason.split(" # ")[0].strip()
+        if FIRST_CALL.match(cause(reason)):
+            continue
+        if PINNED.match(text) or not BRANCH.match(text):
+            return None
+        branches.append(text)
+    return branches if r["graphs"] <= MAX_GOOD + len(branches) else None
 
 
 def status(r: dict) -> str | None:
@@ -387,6 +420,13 @@ def main() -> int:
         r = results[n]["patched"]
         print(f"    {n}: {r['eager']}" + (f" ({short(r['eager_detail'], 120)})" if r["eager"] == "DIFF"
                                           else f" (max abs diff {r['max_diff']:.3g})"))
+    floors = {side: {n: b for n in ok[side] if results[n][side]["graphs"] > MAX_GOOD
+                     and (b := branch_floor(results[n][side])) is not None} for side in sides}
+    for side in sides:
+        print(f"  {side}: <= {MAX_GOOD} graphs or at the branch floor (the first call's graphs plus one "
+              f"recompile per side of a branch on the step): {len(within[side]) + len(floors[side])}/{len(runnable)}")
+    for n, branches in floors["patched"].items():
+        print(f"    {n} ({results[n]['patched']['graphs']}): " + "; ".join(short(b, 150) for b in branches))
     print(f"  patched > {MAX_GOOD} graphs, by first recompile reason (after the first call's): "
           f"{sum(len(v) for v in causes.values())} cases, {len(causes)} causes")
     for key, cases in sorted(causes.items(), key=lambda kv: -len(kv[1])):

@@ -867,6 +867,35 @@ def attr_foreach_lerp_weight(x, o):
     return ts[0] + ts[1]
 
 
+def attr_tensor_of_floats(x, o):
+    # pytorch-optimizer's LaProp and SimplifiedAdEMAMix gather per-parameter floats
+    # into a tensor: torch.tensor(step_sizes, dtype=torch.float32, device=...)
+    o.v = o.v * 0.9 + 0.05
+    o.l[0] = o.l[0] * 0.5 + 0.25
+    sizes = torch.tensor([o.v, -1.0 / o.v, 2], dtype=torch.float32, device=x.device)
+    return x * sizes + torch.tensor((o.l[0], 1)).sum()  # the default dtype
+
+
+class ScheduleFreePlaces:
+    """pytorch-optimizer's schedule-free groups: an int step and float sums of it."""
+
+    def __init__(self):
+        self.group = {"step": 0, "lr_max": -1.0, "weight_sum": 0.0}
+
+
+def attr_sum_of_step_floats(x, o):
+    # schedule-free AdamW's weights: floats of the int step (SymFloats once it is
+    # traced) added to a float place, then compared, divided by and max()ed with it
+    group = o.group
+    group["step"] += 1
+    lr = 0.01 * math.sqrt(group["step"] / (group["step"] + 1.0))
+    lr_max = group["lr_max"] = max(lr, group["lr_max"])
+    weight = (group["step"] ** 0.5) * (lr_max**2.0)
+    weight_sum = group["weight_sum"] = group["weight_sum"] + weight
+    checkpoint = weight / weight_sum if weight_sum != 0.0 else 0.0
+    return x.lerp(x * 2, weight=checkpoint) * lr
+
+
 def attr_round(x, o):
     o.v = o.v * 0.9 + 0.05
     return x * round(o.v, 2)
@@ -950,6 +979,17 @@ def resume_after_item(x, group):
     group["d"] = d
 
 
+def resume_with_item_float(x, group):
+    """D-Adaptation's step (pytorch-optimizer's DAdaptAdam / SGD / AdaGrad): a float
+    from .item() breaks the graph, and the resume function, handed it and the group's
+    float on the stack, takes their min and max and stores the result in the group."""
+    d = group["d"]
+    d_hat = (x.abs().sum() * 1e-3).item()  # a graph break
+    d = max(d, min(d_hat, d * 1.02))
+    group["d"] = d
+    return x * d
+
+
 # (function, object factory, frames over 6 calls under eager / aot_eager): the frames
 # unpatched 2.13 compiles for these loops (measured), with two exceptions where it is
 # wrong: `%` (a wrong branch under eager, 2 / 3 frames) and formatting with a spec (the
@@ -987,7 +1027,10 @@ PINNED_USES = {
 # attr_sqrt_negative fails the compile (ValueError from the fake math.sqrt under eager,
 # TorchRuntimeError under aot_eager) and is stale under inductor; attr_foreach_lerp_weight
 # 2 / 7 frames and not eager-identical under inductor; attr_clamp_and_compare 2 / 6 frames
-# and a stale written-back value under inductor (pytorch #194976's pattern).
+# and a stale written-back value under inductor (pytorch #194976's pattern);
+# attr_tensor_of_floats 2 / 7 frames under eager / aot_eager and the recompile limit
+# under inductor; attr_sum_of_step_floats 2 / 7 / 7 frames under eager / aot_eager /
+# inductor.
 TRACED_USES = {
     "attr_min": (attr_min, Places, 1),
     "attr_max": (attr_max, Places, 1),
@@ -995,6 +1038,8 @@ TRACED_USES = {
     "attr_sqrt_negative": (attr_sqrt_negative, Places, 2),
     "attr_foreach_lerp_weight": (attr_foreach_lerp_weight, Places, 1),
     "attr_clamp_and_compare": (attr_clamp_and_compare, Places, 1),
+    "attr_tensor_of_floats": (attr_tensor_of_floats, Places, 1),
+    "attr_sum_of_step_floats": (attr_sum_of_step_floats, ScheduleFreePlaces, 1),
 }
 
 
@@ -1041,6 +1086,23 @@ class PinnedUseTests(torch._dynamo.test_case.TestCase):
         fn, make, _, _ = PINNED_USES[name]
         cnt = self.run_places(fn, make, CompileCounterWithBackend("inductor"), calls=4)
         self.assertEqual(cnt.frame_count, 5)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_resume_function_float_locals(self, backend):
+        # The resume function's floats (d, and d_hat from the .item()) are new every call:
+        # float64 tensor inputs once they changed, so each frame compiles once more (the
+        # first for group['d']), not per value. Unpatched (measured): 4 / 9 frames under
+        # eager / aot_eager (the resume function's SymFloats, specialized by the
+        # tensorify pass), and a stale group['d'] from the third call under inductor.
+        groups = [{"d": 1e-6} for _ in range(2)]
+        cnt = CompileCounterWithBackend(backend)
+        cfn = torch.compile(resume_with_item_float, backend=cnt)
+        for _ in range(6):
+            x = torch.randn(3)
+            expected = resume_with_item_float(x, groups[0])
+            self.assertEqual(cfn(x, groups[1]), expected, atol=0, rtol=0)
+            self.assertEqual(groups[1], groups[0], atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 4)
 
     @parametrize("backend", ["eager", "aot_eager"])
     def test_scalar_only_resume_function_is_skipped(self, backend):

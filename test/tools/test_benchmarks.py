@@ -160,3 +160,32 @@ class BenchScalarStateTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class BenchOptimizerSweepBranchFloorTest(unittest.TestCase):
+    """bench_optimizer_sweep counts a case above 2 graphs as at its branch floor only
+    when every recompile is the first call's or one per side of a branch on the step."""
+
+    FIRST_CALL = "opt_step: not opt.state # state = self.state[p] # adam.py:1 in init_group"
+    BRANCH = "opt_step: (opt.param_groups[0]['step'] % 10) != 0 # if step % 10 == 0: # soap.py:2 in step"
+
+    def floor(self, graphs, *reasons, graph_breaks=0):
+        sys.path.insert(0, str(SCRIPTS))
+        try:
+            import bench_optimizer_sweep
+        finally:
+            sys.path.remove(str(SCRIPTS))
+        case = {"graphs": graphs, "graph_breaks": graph_breaks, "reason_counts": [(r, 1) for r in reasons]}
+        return bench_optimizer_sweep.branch_floor(case)
+
+    def test_one_recompile_per_branch_guard(self):
+        self.assertEqual(self.floor(3, self.FIRST_CALL, self.BRANCH),
+                         ["opt_step: (opt.param_groups[0]['step'] % 10) != 0"])
+
+    def test_not_the_floor(self):
+        self.assertIsNone(self.floor(4, self.FIRST_CALL, self.BRANCH))  # the branch recompiled twice
+        self.assertIsNone(self.floor(3, self.FIRST_CALL, self.BRANCH, graph_breaks=1))
+        for pinned in ("opt_step: opt.param_groups[0]['step'] == 1 # for group in ...",
+                       "torch_dynamo_resume_in_step_at_601: ___stack3 == 1.559759255087556e-07",
+                       "opt_step: len(opt.state[list(dict.keys(opt.state))[0]]['q']) == 1"):
+            self.assertIsNone(self.floor(3, self.FIRST_CALL, pinned), pinned)

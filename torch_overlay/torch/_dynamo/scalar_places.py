@@ -454,6 +454,20 @@ def _changes_make_dynamic(source: Source) -> bool:
     )
 
 
+def _is_resume_function_local(tx: InstructionTranslatorBase, source: Source) -> bool:
+    """A local (or stack value) of a resume function: a float the program computed
+    before a graph break (an item(), a float read from a group) and goes on with after
+    it, a new value every call, as a frame-stored place's is."""
+    from .resume_execution import TORCH_DYNAMO_RESUME_IN_PREFIX
+    from .source import LocalSource
+
+    return (
+        enabled()
+        and isinstance(source, LocalSource)
+        and tx.output.root_tx.f_code.co_name.startswith(TORCH_DYNAMO_RESUME_IN_PREFIX)
+    )
+
+
 def wrap_changed_int(builder: VariableBuilder, value: int, entry: Any) -> VariableTracker | None:
     """The int `value` at builder.source, which Dynamo specializes whatever automatic
     dynamic says (is_int_specialization_case), as a DYNAMIC SymInt if automatic dynamic
@@ -494,7 +508,7 @@ def wrap_changed_float(builder: VariableBuilder, value: float) -> VariableTracke
     source = builder.source
     records = places(builder.tx)
     if (
-        not _changes_make_dynamic(source)
+        not (_changes_make_dynamic(source) or _is_resume_function_local(builder.tx, source))
         or records.get(source.name, FLOAT_TENSOR) != FLOAT_TENSOR
         or float_representation(builder.tx) is None
     ):

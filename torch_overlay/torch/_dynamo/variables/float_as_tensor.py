@@ -131,15 +131,78 @@ class PythonFloat(NamedTuple):
     sources: tuple[Source, ...]
 
 
+def _constant_code(value: float | int) -> str:
+    # repr gives back the same number; inf and nan have no literal
+    return repr(value) if not isinstance(value, float) or math.isfinite(value) else f"float({str(value)!r})"
+
+
 def _python_float(vt: VariableTracker) -> PythonFloat | None:
+    from .tensor import SymNodeVariable
+
     if isinstance(vt, FloatAsTensorVariable):
         return vt.expr
+    if isinstance(vt, SymNodeVariable):
+        return _python_number_of_graph_node(vt.as_proxy().node)
     if vt.is_python_constant():
         value = vt.as_python_constant()
-        # repr gives back the same float; inf and nan have no literal
-        code = repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-        return PythonFloat(code, value, ())
-    return None  # a SymInt or SymFloat: not expressed (a division by the result is not traced)
+        return PythonFloat(_constant_code(value), value, ())
+    return None
+
+
+# The operations on SymInts and SymFloats a PythonFloat repeats: in the graph's order,
+# on the inputs' values, they compute what the program computed (`step ** 0.5`,
+# `sym_float(step + 1) * 0.1`). The shape environment's expression of the same value
+# is simplified (reordered), so it may differ in the last bit.
+_SYM_NODE_CODE = {
+    operator.add: ("({} + {})", operator.add),
+    operator.sub: ("({} - {})", operator.sub),
+    operator.mul: ("({} * {})", operator.mul),
+    operator.truediv: ("({} / {})", operator.truediv),
+    operator.pow: ("({} ** {})", operator.pow),
+    operator.neg: ("(-{})", operator.neg),
+    torch.sym_float: ("float({})", float),
+    torch._sym_sqrt: ("math.sqrt({})", math.sqrt),  # math.sqrt of a SymFloat
+}
+
+
+def _python_number_of_graph_node(node: torch.fx.Node) -> PythonFloat | None:
+    """The PythonFloat of a SymInt or SymFloat graph value: the operations of
+    _SYM_NODE_CODE that computed it from the graph inputs with a source (the frame's
+    ints and floats), replayed on their values. None for anything else (an item(), an
+    unbacked or derived-from-tensor size)."""
+    def replay(arg: Any) -> PythonFloat | None:
+        if type(arg) in (int, float):
+            return PythonFloat(_constant_code(arg), arg, ())
+        if not isinstance(arg, torch.fx.Node):
+            return None
+        example = arg.meta.get("example_value")
+        if not isinstance(example, (torch.SymInt, torch.SymFloat)) or not example.node.has_hint():
+            return None
+        if arg.op == "placeholder":
+            grapharg = arg.meta.get("grapharg")
+            if grapharg is None or grapharg.source is None:
+                return None
+            hint = example.node.hint
+            return PythonFloat(grapharg.source.name, hint, (grapharg.source,))
+        if arg.op != "call_function" or arg.target not in _SYM_NODE_CODE or arg.kwargs:
+            return None
+        operands = [replay(a) for a in arg.args]
+        if any(o is None for o in operands):
+            return None
+        template, op = _SYM_NODE_CODE[arg.target]
+        code = template.format(*(o.code for o in operands))  # type: ignore[union-attr]
+        if len(code) > _MAX_EXPR_LEN:
+            return None
+        try:
+            value = op(*(o.value for o in operands))  # type: ignore[union-attr]
+        except (ArithmeticError, ValueError):
+            return None
+        if value != example.node.hint:
+            return None  # not the value the graph computes for this frame
+        sources = tuple(dict.fromkeys(s for o in operands for s in o.sources))  # type: ignore[union-attr]
+        return PythonFloat(code, value, sources)
+
+    return replay(node)
 
 
 def _python_result(op: Any, operands: list[VariableTracker]) -> PythonFloat | None:
@@ -162,8 +225,9 @@ def _python_float_guard(code: str, builder: GuardBuilder, guard: Any) -> None:
     divisor guard fails too)."""
     from ..guards import _get_closure_vars, get_verbose_code_parts
 
+    closure_vars = {**_get_closure_vars(), "math": math, "float": float}
     builder.add_python_lambda_leaf_guard_to_root(
-        [code], get_verbose_code_parts([code], guard), closure_vars={**_get_closure_vars(), "math": math}
+        [code], get_verbose_code_parts([code], guard), closure_vars=closure_vars
     )
 
 
@@ -474,8 +538,10 @@ _TENSOR_OPERAND_BUILTINS = frozenset(
 def _comparand(vt: VariableTracker) -> PythonFloat | None:
     """The PythonFloat of a comparison operand: such a variable with an expression, or
     an int or float constant (Python compares a float with any int exactly)."""
-    if isinstance(vt, FloatAsTensorVariable):
-        return vt.expr
+    from .tensor import SymNodeVariable
+
+    if isinstance(vt, (FloatAsTensorVariable, SymNodeVariable)):
+        return _python_float(vt)
     if vt.is_python_constant() and type(vt.as_python_constant()) in (int, float):
         return _python_float(vt)
     return None
@@ -618,12 +684,57 @@ def call_torch_function(
         if kwargs or len(args) != 1 or not isinstance(args[0], FloatAsTensorVariable):
             return None
         return call_builtin(tx, fn, args, kwargs)
+    if fn is torch.tensor:
+        return _tensor_of_floats(tx, args, kwargs)
     weight = fn in _WEIGHT_FUNCTIONS
     if weight and len(args) == 2 and list(kwargs) == ["weight"]:
         # positional, as _foreach_lerp_'s handler takes a tensor weight
         args, kwargs = [*args, kwargs["weight"]], {}
     call = _kernel_scalar_call(tx, args, kwargs, weight) if weight or fn in _SCALAR_FUNCTIONS else None
     return None if call is None else fn_var.call_function(tx, *call)
+
+
+# torch.tensor(list) converts each Python float to these dtypes as Tensor.to converts
+# a float64 element (one static_cast from double); narrower ones may round twice.
+_TENSOR_OF_FLOATS_DTYPES = frozenset({torch.float32, torch.float64})
+
+
+def _tensor_of_floats(
+    tx: InstructionTranslatorBase, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> VariableTracker | None:
+    """``torch.tensor([f, g, 0.5], dtype=..., device="cpu")`` with FloatAsTensorVariables
+    among the numbers of a flat list: the float64 tensors stacked and converted to the
+    dtype, the values eager converts from the Python floats. None (the default path)
+    for anything else: nested lists, other keywords, other devices and dtypes."""
+    from .builder import wrap_fx_proxy
+    from .lists import ListVariable, TupleVariable
+
+    if len(args) != 1 or not set(kwargs) <= {"dtype", "device"}:
+        return None
+    (data,) = _realize_floats(args)
+    if type(data) not in (ListVariable, TupleVariable):
+        return None
+    items = _realize_floats(data.items)
+    floats = [i for i in items if isinstance(i, FloatAsTensorVariable)]
+    constants = [i for i in items if not isinstance(i, FloatAsTensorVariable)]
+    if not floats or not all(_is_number(i) and i.is_python_constant() for i in constants):
+        return None
+    options = {k: v.as_python_constant() for k, v in kwargs.items() if v.is_python_constant()}
+    if len(options) != len(kwargs):
+        return None
+    dtype = options.get("dtype") or torch.get_default_dtype()  # the default dtype is guarded globally
+    device = torch.device(options.get("device") or "cpu")
+    if dtype not in _TENSOR_OF_FLOATS_DTYPES or device.type != "cpu":
+        return None
+    like = floats[0].tensor.as_proxy()
+    elements = [
+        i.tensor.as_proxy()
+        if isinstance(i, FloatAsTensorVariable)
+        else _proxy(tx, "call_function", torch.full_like, like, i.as_python_constant())
+        for i in items
+    ]
+    stacked = _proxy(tx, "call_function", torch.stack, elements)
+    return wrap_fx_proxy(tx, tx.output.create_proxy("call_method", "to", (stacked, dtype), {}))
 
 
 def _proxy(tx: InstructionTranslatorBase, kind: str, target: Any, *args: Any) -> Any:
