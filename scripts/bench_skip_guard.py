@@ -119,7 +119,8 @@ def run(kind: str, n: int, steps: int, backend: str) -> dict:
             opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
         step = torch.compile(opt.step, backend=counter)
     times, compile_total = [], 0.0
-    switches_off = dict.fromkeys(DYNAPATCH_SWITCHES, False)
+    # the switches this wheel has (an older series named some otherwise)
+    switches_off = {name: False for name in DYNAPATCH_SWITCHES if hasattr(torch._dynamo.config, name)}
     with torch._dynamo.config.patch(**(switches_off if kind == "a" else {})):
         for i in range(steps):
             for p in params:
