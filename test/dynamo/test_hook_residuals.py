@@ -217,6 +217,41 @@ def intermediate_hook_returns_none(m, x):
     return y.sin()
 
 
+# A graph break after a registration whose handling restarts the trace once it
+# reaches the compile at the break: the tensor has no use in the graph
+# (check_traced_hooks), the handle is live across the break (it escapes), or,
+# under compiled autograd, a tensor registered after the graph is used in it
+# (check_residual_registrations).
+def dropped_handle_then_graph_break(m, x):
+    y = x * 2
+    y.register_hook(double)
+    torch._dynamo.graph_break()
+    return y
+
+
+def escaping_handle_then_graph_break(m, x):
+    y = x * 2
+    h = y.register_hook(double)
+    torch._dynamo.graph_break()
+    return y + 0, h
+
+
+def used_intermediate_then_graph_break(m, x):
+    y = x * 2
+    y.register_hook(double)
+    z = y.sin()
+    torch._dynamo.graph_break()
+    return z
+
+
+def used_escaping_handle_then_graph_break(m, x):
+    y = x * 2
+    h = y.register_hook(double)
+    z = y.sin()
+    torch._dynamo.graph_break()
+    return z, h
+
+
 BREAK_UNLESS_CA = {"eager": 1, "aot_eager": 1, "compiled_autograd": 0}
 
 # Hooks registered in the frame on inputs, intermediates and outputs.
@@ -279,6 +314,58 @@ ALL_CASES = {
 }
 
 MODES = ("eager", "aot_eager", "compiled_autograd")
+
+USER_BREAK = "Call to `torch._dynamo.graph_break()`"
+ESCAPING_USED = "Tensor hook on an intermediate used in the graph, with a handle that escapes"
+
+ONE_USER_BREAK = {USER_BREAK: 1}
+
+# name -> (fn, mode -> (frames compiled, restarts for a hook decision, graph
+# breaks by type)) over the protocol. Stock Dynamo (hook_residuals=False) counts
+# the user's graph break once in each of them.
+RESTART_BREAK_CASES = {
+    # Restarts to register the hook after the graph (the tensor has no use in
+    # it); the resume function's graph is empty. Compiled autograd registers it
+    # there first.
+    "dropped_handle_then_graph_break": (
+        dropped_handle_then_graph_break,
+        {
+            "eager": (1, 1, ONE_USER_BREAK),
+            "aot_eager": (1, 1, ONE_USER_BREAK),
+            "compiled_autograd": (1, 0, ONE_USER_BREAK),
+        },
+    ),
+    # The handle is live across the graph break: restarts to register the
+    # hook after the graph, and the resume function gets the real handle.
+    "escaping_handle_then_graph_break": (
+        escaping_handle_then_graph_break,
+        {
+            "eager": (2, 1, ONE_USER_BREAK),
+            "aot_eager": (2, 1, ONE_USER_BREAK),
+            "compiled_autograd": (2, 0, ONE_USER_BREAK),
+        },
+    ),
+    # Compiled autograd restarts to call the hook from the BackwardState.
+    "used_intermediate_then_graph_break": (
+        used_intermediate_then_graph_break,
+        {
+            "eager": (1, 0, ONE_USER_BREAK),
+            "aot_eager": (1, 0, ONE_USER_BREAK),
+            "compiled_autograd": (1, 1, ONE_USER_BREAK),
+        },
+    ),
+    # The handle of a used intermediate escapes: restarts to break the graph at
+    # register_hook, and the user's graph break is in the resume function.
+    # Compiled autograd restarts to call the hook from the BackwardState.
+    "used_escaping_handle_then_graph_break": (
+        used_escaping_handle_then_graph_break,
+        {
+            "eager": (2, 1, {ESCAPING_USED: 1, USER_BREAK: 1}),
+            "aot_eager": (2, 1, {ESCAPING_USED: 1, USER_BREAK: 1}),
+            "compiled_autograd": (1, 1, ONE_USER_BREAK),
+        },
+    ),
+}
 
 
 def num_hooks(t):
@@ -630,7 +717,6 @@ REMOVAL_KINDS = {
 }
 
 
-USER_BREAK = "Call to `torch._dynamo.graph_break()`"
 READS = "RemovableHandle.remove() of a hook whose hooks dict the frame reads"
 FORWARD = "RemovableHandle.remove() of a module forward hook"
 
@@ -786,11 +872,15 @@ def run_removal_compiled(kind, mode, calls=3):
             seen = run_removal_protocol(kind, compiled, backend, calls)
     else:
         seen = run_removal_protocol(kind, compiled, calls=calls)
+    fallbacks = sum(counters["unimplemented"].values())
+    return seen, cnt.frame_count, graph_breaks_by_type(), fallbacks
+
+
+def graph_breaks_by_type():
     breaks = collections.Counter()
     for msg, n in counters["graph_break"].items():
         breaks[msg.split("\n")[0]] += n
-    fallbacks = sum(counters["unimplemented"].values())
-    return seen, cnt.frame_count, dict(breaks), fallbacks
+    return dict(breaks)
 
 
 class HookResidualsTestCase(torch._dynamo.test_case.TestCase):
@@ -842,6 +932,30 @@ class HookResidualsTests(HookResidualsTestCase):
         self.assertEqual(len(counters["graph_break"]), 1)
         (reason,) = counters["graph_break"]
         self.assertIn("Unsafe side effect", reason)
+
+    @parametrize("mode", MODES)
+    @parametrize("case", list(RESTART_BREAK_CASES))
+    def test_restart_counts_a_graph_break_once(self, case, mode):
+        # The graph break is counted when the trace first finds it. Compiling
+        # the graph before it then restarts the trace for a hook decision, which
+        # drops the speculation log, and the next attempt finds it again: it
+        # counted twice before, once in each attempt. Stock Dynamo's own
+        # speculation restarts keep the log and count a graph break once.
+        from torch._dynamo.variables import hooks
+
+        fn, expected = RESTART_BREAK_CASES[case]
+        frames, expected_restarts, breaks = expected[mode]
+        with mock.patch.object(
+            hooks, "restart_with_decision", wraps=hooks.restart_with_decision
+        ) as restarts:
+            self.check_matches_eager(fn, mode, sum(breaks.values()), False, frames)
+        self.assertEqual(restarts.call_count, expected_restarts)
+        self.assertEqual(graph_breaks_by_type(), breaks)
+        # Stock Dynamo counts the user's graph break once too (and compiles
+        # or falls back around it as it does without this patch).
+        with torch._dynamo.config.patch(hook_residuals=False):
+            run_compiled(fn, mode, False)
+        self.assertEqual(graph_breaks_by_type()[USER_BREAK], breaks[USER_BREAK])
 
     def test_used_intermediate_is_traced_without_restart(self):
         # Without compiled autograd, a hook on an intermediate used in the graph
@@ -949,6 +1063,41 @@ class CompiledAutogradHandleTests(HookResidualsTestCase):
             h.remove()
             y.sum().backward()
         self.assertEqual(x.grad, 2 * torch.cos(x * 2))
+        self.assertEqual(sum(counters["graph_break"].values()), 0)
+
+
+    def test_compiled_autograd_handle_removes_from_the_backward_state_hooks_dict(self):
+        # The handle's hooks dict is the one the hook lives in, in the frame's
+        # BackwardState, where the backward looks it up: remove() deletes it
+        # there (also on leaving a with block; a second remove() does nothing),
+        # and the gradient is then unchanged. The backward compiles once with
+        # the hook and once without: the hook's key there is the same on every
+        # call, unlike the handle's id.
+        bw = CompileCounterWithBackend("aot_eager")
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(intermediate_returned, backend=cnt)
+        ids = []
+        with compiled_autograd._enable(torch.compile(backend=bw)):
+            for i in range(4):
+                x = torch.randn(2, 3, requires_grad=True)
+                y, h = compiled(None, x)
+                self.assertIsInstance(h, RemovableHandle)
+                hooks = h.hooks_dict_ref()
+                self.assertEqual(list(hooks.values()), [double])
+                removed = i == 2
+                if removed:
+                    with h:
+                        pass
+                    self.assertEqual(len(hooks), 0)
+                    h.remove()
+                    self.assertEqual(len(hooks), 0)
+                y.sum().backward()
+                scale = 2 if removed else 4
+                self.assertEqual(x.grad, scale * torch.cos(x * 2))
+                ids.append(h.id)
+        self.assertEqual(ids, sorted(set(ids)))
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(bw.frame_count, 2)
         self.assertEqual(sum(counters["graph_break"].values()), 0)
 
 

@@ -18,8 +18,8 @@ in side_effects.py). Here every handle a frame creates or receives is one
   becomes a graph output, and the handle is the real one (``remove()`` in the
   frame cancels it). See [Hooks on intermediates].
 * ``BACKWARD_STATE``: the same under compiled autograd, where the graph calls
-  the hook from the frame's BackwardState: the handle is a real
-  ``BackwardStateHookHandle`` whose ``remove()`` clears the hook there.
+  the hook from the frame's BackwardState hooks dict: the handle is a real
+  ``BackwardStateHookHandle`` whose ``remove()`` deletes the hook from it.
 * ``RESIDUAL_MODULE``: ``Module.register_forward_hook`` /
   ``register_forward_pre_hook`` on a module with a source, registered after the
   graph by residual bytecode; see [Module hooks].
@@ -35,7 +35,9 @@ graph at the call, which then runs eagerly and later code is traced in the
 resume function).
 """
 
+import collections
 import enum
+from collections.abc import Callable
 from typing import Any, NoReturn, TYPE_CHECKING
 
 import torch
@@ -47,14 +49,15 @@ from ..exc import RestartAnalysis, unimplemented
 from ..guards import _get_closure_vars, GuardBuilder, install_guard
 from ..side_effects import HookLedgerEntry
 from ..source import AttrSource, Source
+from ..utils import counters
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
+from .dicts import ConstDictVariable, HashableTracker
 from .user_defined import RemovableHandleVariable
 
 if TYPE_CHECKING:
     from ..codegen import PyCodegen
     from ..symbolic_convert import InstructionTranslatorBase
-    from .dicts import ConstDictVariable
     from .nn_module import UnspecializedNNModuleVariable
 
 
@@ -99,8 +102,22 @@ def restart_with_decision(
         log.hook_decisions[site] = decision
     # The decision changes which instructions are traced (a hook body, a graph
     # break), so the recorded speculation entries would not match: rediscover them.
+    # A graph break is counted when the trace finds it, and the next attempt
+    # finds those of the failed entries again: un-count them.
+    uncount_graph_breaks(log.graph_breaks_before_entries)
     log.clear()
     raise RestartAnalysis(restart_reason=f"hook handle: {why}")
+
+
+def uncount_graph_breaks(before: "collections.Counter[str]") -> None:
+    """Put counters["graph_break"] back to ``before``, keeping the order of its
+    keys (an earlier frame's graph breaks stay where they are)."""
+    graph_breaks = counters["graph_break"]
+    for reason in list(graph_breaks):
+        if before[reason]:
+            graph_breaks[reason] = before[reason]
+        else:
+            del graph_breaks[reason]
 
 
 def refuse_in_subgraph(context: str) -> NoReturn:
@@ -147,7 +164,7 @@ class HookHandleVariable(RemovableHandleVariable):
         self.value = value
         # RESIDUAL_TENSOR, TRACED, BACKWARD_STATE: the hooked tensor's node.
         self.tensor_node = tensor_node
-        # BACKWARD_STATE: the hook's name in the frame's BackwardState.
+        # BACKWARD_STATE: the hook's key in the BackwardState's hooks dict.
         self.bw_hook_name = bw_hook_name
         # INPUT: whether the guard of [Deferred removals] is installed.
         self.guarded_unobserved = False
@@ -211,6 +228,7 @@ class HookHandleVariable(RemovableHandleVariable):
             codegen.append_output(
                 codegen.create_load(codegen.tx.output.backward_state_var)
             )
+            codegen.extend_output([codegen.create_load_attr(BACKWARD_STATE_HOOKS)])
             codegen(ConstantVariable.create(self.bw_hook_name))
             codegen.extend_output(create_call_function(2, False))
             return
@@ -295,7 +313,8 @@ class HookHandleVariable(RemovableHandleVariable):
 # trampoline is wrong on a tensor that leaves the graph), and a hook whose
 # tensor is used in the graph restarts with TRACE: it is called from the
 # BackwardState (origin BACKWARD_STATE), whose handle is real
-# (BackwardStateHookHandle); only its remove() restarts (RESIDUAL: cancelled).
+# (BackwardStateHookHandle, see [BackwardState hooks]); only its remove()
+# restarts (RESIDUAL: cancelled).
 
 
 def register_hook_decision(
@@ -404,23 +423,60 @@ def check_residual_registrations(
         restart_with_decision(tx, [], GRAPH_BREAK, "tensor used in the graph")
 
 
-class BackwardStateHookHandle(RemovableHandle):
-    """Runtime handle (origin BACKWARD_STATE) of a hook that compiled autograd
-    calls from a BackwardState: removing it clears the hook there
-    (call_hook_from_backward_state then leaves the gradient unchanged)."""
+# ---------------------------------------------------------------------------
+# Note [BackwardState hooks]
+# Under compiled autograd a hook traced on an intermediate is called, when
+# backward runs, from the frame's BackwardState (call_hook_from_backward_state).
+# With hook residuals the frame's hooks live in one real dict there,
+# ``bw_state.tensor_hooks`` (an OrderedDict the residual bytecode builds), keyed
+# by a name given while tracing; the handle of such a hook
+# (BackwardStateHookHandle) is a RemovableHandle of that dict, and remove()
+# deletes the hook from it, after which the trampoline leaves the gradient
+# unchanged.
+#
+# Why the key is the name, not the handle's id as in other hooks dicts (so
+# remove() deletes that key instead of RemovableHandle's id): Dynamo traces
+# call_hook_from_backward_state when compiled autograd compiles the backward,
+# and guards the keys of the dict it reads. A handle's id is new on every call,
+# so an id key would recompile the backward on every call; the name is the
+# same on every call, and removing the hook recompiles it once.
 
-    def __init__(self, bw_state: Any, hook_name: str) -> None:
-        super().__init__(_BackwardStateHooks({0: hook_name}))
-        self.bw_state = bw_state
-        self.hook_name = hook_name
+
+# The BackwardState attribute that holds the frame's hooks dict; Dynamo names
+# its other BackwardState attributes with a number at the end.
+BACKWARD_STATE_HOOKS = "tensor_hooks"
+
+
+def add_backward_state_hook(
+    tx: "InstructionTranslatorBase", hook: VariableTracker
+) -> tuple[str, str]:
+    """Put a tensor hook compiled autograd calls into the frame's BackwardState
+    hooks dict; the dict's BackwardState attribute and the hook's key in it."""
+    backward_state = tx.output.backward_state
+    hooks = backward_state.get(BACKWARD_STATE_HOOKS)
+    if hooks is None:
+        hooks = ConstDictVariable({}, user_cls=collections.OrderedDict)
+        backward_state[BACKWARD_STATE_HOOKS] = hooks
+    assert isinstance(hooks, ConstDictVariable)
+    name = f"hook{len(hooks.items)}"
+    hooks.items[HashableTracker(ConstantVariable.create(name))] = hook
+    return BACKWARD_STATE_HOOKS, name
+
+
+class BackwardStateHookHandle(RemovableHandle):
+    """Runtime handle (origin BACKWARD_STATE) of a hook in a BackwardState's
+    hooks dict, whose key there is the hook's name (see [BackwardState hooks])."""
+
+    def __init__(
+        self, hooks: "collections.OrderedDict[str, Callable[..., Any]]", key: str
+    ) -> None:
+        super().__init__(hooks)
+        self.key = key
 
     def remove(self) -> None:
-        setattr(self.bw_state, self.hook_name, None)
-
-
-class _BackwardStateHooks(dict[int, str]):
-    # RemovableHandle keeps a weakref to its hooks dict; a plain dict has none.
-    pass
+        hooks = self.hooks_dict_ref()
+        if hooks is not None:
+            hooks.pop(self.key, None)
 
 
 # ---------------------------------------------------------------------------
