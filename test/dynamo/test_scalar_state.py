@@ -990,6 +990,20 @@ def resume_with_item_float(x, group):
     return x * d
 
 
+class CounterAndDecay:
+    def __init__(self):
+        self.step = 0
+        self.decay = 1.0
+
+
+def places_then_graph_break(x, o):
+    o.step += 1
+    o.decay = o.decay * 0.9
+    y = x * 2
+    torch._dynamo.graph_break()
+    return y + o.step * o.decay
+
+
 # (function, object factory, frames over 6 calls under eager / aot_eager): the frames
 # unpatched 2.13 compiles for these loops (measured), with two exceptions where it is
 # wrong: `%` (a wrong branch under eager, 2 / 3 frames) and formatting with a spec (the
@@ -1103,6 +1117,24 @@ class PinnedUseTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cfn(x, groups[1]), expected, atol=0, rtol=0)
             self.assertEqual(groups[1], groups[0], atol=0, rtol=0)
         self.assertEqual(cnt.frame_count, 4)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_restart_counts_a_graph_break_once(self, backend):
+        # The trace finds the graph break (counted), compiles the graph before it, and
+        # restarts for the places it recorded: the restart drops the speculation
+        # entries, and the next attempt finds the break again. It is counted once, as
+        # without this patch (where it was counted twice before the restart undid it).
+        counters = torch._dynamo.utils.counters
+        counters.clear()
+        eager, compiled = CounterAndDecay(), CounterAndDecay()
+        cnt = CompileCounterWithBackend(backend)
+        cfn = torch.compile(places_then_graph_break, backend=cnt)
+        for calls in range(1, 4):
+            x = torch.randn(3)
+            self.assertEqual(cfn(x, compiled), places_then_graph_break(x, eager), atol=0, rtol=0)
+            self.assertEqual(vars(compiled), vars(eager), atol=0, rtol=0)
+            self.assertEqual(list(counters["graph_break"].values()), [1])
+            self.assertEqual(cnt.frame_count, 2)  # the graph before the break, the resume function's
 
     @parametrize("backend", ["eager", "aot_eager"])
     def test_scalar_only_resume_function_is_skipped(self, backend):

@@ -49,7 +49,6 @@ from ..exc import RestartAnalysis, unimplemented
 from ..guards import _get_closure_vars, GuardBuilder, install_guard
 from ..side_effects import HookLedgerEntry
 from ..source import AttrSource, Source
-from ..utils import counters
 from .base import ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
 from .dicts import ConstDictVariable, HashableTracker
@@ -104,20 +103,9 @@ def restart_with_decision(
     # break), so the recorded speculation entries would not match: rediscover them.
     # A graph break is counted when the trace finds it, and the next attempt
     # finds those of the failed entries again: un-count them.
-    uncount_graph_breaks(log.graph_breaks_before_entries)
+    log.uncount_graph_breaks()
     log.clear()
     raise RestartAnalysis(restart_reason=f"hook handle: {why}")
-
-
-def uncount_graph_breaks(before: "collections.Counter[str]") -> None:
-    """Put counters["graph_break"] back to ``before``, keeping the order of its
-    keys (an earlier frame's graph breaks stay where they are)."""
-    graph_breaks = counters["graph_break"]
-    for reason in list(graph_breaks):
-        if before[reason]:
-            graph_breaks[reason] = before[reason]
-        else:
-            del graph_breaks[reason]
 
 
 def refuse_in_subgraph(context: str) -> NoReturn:
