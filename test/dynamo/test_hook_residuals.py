@@ -38,6 +38,10 @@ def double(g):
     return g * 2
 
 
+def triple(g):
+    return g * 3
+
+
 def log_and_double(g):
     FIRED.append("log_and_double")
     return g * 2
@@ -1098,6 +1102,30 @@ class CompiledAutogradHandleTests(HookResidualsTestCase):
         self.assertEqual(ids, sorted(set(ids)))
         self.assertEqual(cnt.frame_count, 1)
         self.assertEqual(bw.frame_count, 2)
+        self.assertEqual(sum(counters["graph_break"].values()), 0)
+
+    def test_compiled_autograd_hook_function_swapped_without_a_recompile(self):
+        # The hook is a closure's function, read lazily: the residual code puts
+        # whichever function the closure holds into the BackwardState's hooks dict,
+        # and the frame is not guarded on which one it is (building that dict must
+        # not realize it), as without the patch. The backward runs the new hook.
+        hook = double
+
+        def fn(x):
+            y = x * 2
+            h = y.register_hook(hook)
+            return y.sin(), h
+
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(fn, backend=cnt)
+        with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            for scale, hook in ((2, double), (3, triple), (2, double)):
+                x = torch.randn(2, 3, requires_grad=True)
+                y, h = compiled(x)
+                self.assertEqual(list(h.hooks_dict_ref().values()), [hook])
+                y.sum().backward()
+                self.assertEqual(x.grad, 2 * scale * torch.cos(x * 2))
+        self.assertEqual(cnt.frame_count, 1)
         self.assertEqual(sum(counters["graph_break"].values()), 0)
 
 

@@ -435,6 +435,16 @@ def check_residual_registrations(
 BACKWARD_STATE_HOOKS = "tensor_hooks"
 
 
+class BackwardStateHooksVariable(ConstDictVariable):
+    """The BackwardState's hooks dict, built by the residual code. Never a constant:
+    asking a dict whether it is one realizes its values, and a hook read lazily (a
+    closure's function) would then be guarded on which function it is, which
+    without the dict it is not (a new hook function would recompile the frame)."""
+
+    def is_python_constant(self) -> bool:
+        return False
+
+
 def add_backward_state_hook(
     tx: "InstructionTranslatorBase", hook: VariableTracker
 ) -> tuple[str, str]:
@@ -443,9 +453,9 @@ def add_backward_state_hook(
     backward_state = tx.output.backward_state
     hooks = backward_state.get(BACKWARD_STATE_HOOKS)
     if hooks is None:
-        hooks = ConstDictVariable({}, user_cls=collections.OrderedDict)
+        hooks = BackwardStateHooksVariable({}, user_cls=collections.OrderedDict)
         backward_state[BACKWARD_STATE_HOOKS] = hooks
-    assert isinstance(hooks, ConstDictVariable)
+    assert isinstance(hooks, BackwardStateHooksVariable)
     name = f"hook{len(hooks.items)}"
     hooks.items[HashableTracker(ConstantVariable.create(name))] = hook
     return BACKWARD_STATE_HOOKS, name
