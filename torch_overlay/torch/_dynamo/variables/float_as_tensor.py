@@ -170,6 +170,7 @@ def _python_number_of_graph_node(node: torch.fx.Node) -> PythonFloat | None:
     _SYM_NODE_CODE that computed it from the graph inputs with a source (the frame's
     ints and floats), replayed on their values. None for anything else (an item(), an
     unbacked or derived-from-tensor size)."""
+
     def replay(arg: Any) -> PythonFloat | None:
         if type(arg) in (int, float):
             return PythonFloat(_constant_code(arg), arg, ())
