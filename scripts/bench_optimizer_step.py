@@ -8,7 +8,8 @@ every N and optimizer step:
 
   * first compile: CPU seconds (time.process_time) of the first step;
   * all compiles: CPU seconds of the steps that compiled a frame, over --steps steps;
-  * the steady-state call (CPU time of the thread, median over rounds), split into
+  * the steady-state call (CPU time of the thread, median over rounds; with
+    backend="eager" the graph runs as traced, gm.forward, on every wheel), split into
     guard (the cache entries' guard checks, timed apart on the frame locals they
     were hit with), before the graph (the pre-graph bytecode: Dynamo's
     record_pregraph_bytecode_enter/exit markers), graph (the backend's compiled
@@ -111,12 +112,13 @@ def _timed_backend(timeline: _Timeline, backend_name: str = "eager"):
 
             compiled = compile_fx(gm, example_inputs)  # called like gm.forward
         else:
-            from torch._dynamo.backends.debugging import eager
-
-            compiled = eager(gm, example_inputs)  # what backend="eager" runs: gm.forward
-        # The module whose forward runs, for the get_attr timing (older custom wheels'
-        # eager backend returned a bound forward of a copy).
-        run_module = getattr(getattr(compiled, "func", compiled), "__self__", gm)
+            # The graph as traced, which is what backend="eager" runs without this
+            # series. Called directly rather than through the wheel's eager backend, so
+            # two wheels compare on Dynamo's own cost: the 46-patch series' eager backend
+            # ran a rewritten graph, and how a graph runs changes what lands in "after"
+            # (its outputs' and intermediates' lifetimes).
+            compiled = gm.forward
+        run_module = gm  # the module whose forward runs, for the get_attr timing
 
         def run(*args: Any) -> Any:
             if timeline.capture:
