@@ -2,8 +2,12 @@
 """A compiled frame that calls a module and registers a hook on it: the code
 traced for the call must not keep running once the module has the hook."""
 
+import contextlib
+from unittest import mock
+
 import torch
 import torch._dynamo.test_case
+from torch._dynamo.guards import GuardBuilder
 from torch._dynamo.testing import CompileCounter
 
 
@@ -85,6 +89,59 @@ class ModuleHookRegistrationGuardTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(compiled(x), m(x))
         m.extra["a"] = 1.0
         self.assertEqual(compiled(x), m(x))
+        self.assertEqual(cnt.frame_count, 2)
+
+
+    # CPython 3.13.0 has no usable __dict__ versions, so Dynamo gives a module's
+    # __dict__ node the example value None (_get_generic_dict_manager_example_value).
+    # The tests below build that tree on any Python.
+    def as_on_cpython_3_13_0(self):
+        return mock.patch.object(
+            GuardBuilder,
+            "_get_generic_dict_manager_example_value",
+            staticmethod(lambda example_value: None),
+        )
+
+    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
+    def test_list_attribute_under_module_dict_guarding_none(self):
+        # A None-valued node counts as immutable, and was tag safe whatever its
+        # children guard: the module became a tag safe root, and an in-place
+        # change of a list attribute kept the code traced for the old value.
+        class Scaled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(3, 3)
+                self.scale = [1.0]
+
+            def forward(self, x):
+                return self.lin(x) * self.scale[0]
+
+        for emulate in (False, True):
+            with self.subTest(cpython_3_13_0=emulate):
+                torch._dynamo.reset()
+                cnt = CompileCounter()
+                m, x = Scaled(), torch.randn(2, 3)
+                compiled = torch.compile(m, backend=cnt)
+                with self.as_on_cpython_3_13_0() if emulate else contextlib.nullcontext():
+                    for scale in (1.0, 2.0, 3.0):
+                        m.scale[0] = scale
+                        self.assertEqual(compiled(x), m(x))
+                        self.assertEqual(m.scale, [scale])
+                # 2.0 recompiles; 3.0 reuses that graph (the float is dynamic).
+                self.assertEqual(cnt.frame_count, 2)
+
+    @torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True)
+    def test_later_call_recompiles_with_hooks_module_dict_guarding_none(self):
+        # The reproduction of test_later_call_recompiles_with_hooks, where the
+        # hook dict's node hangs below a None-valued __dict__ node.
+        cnt = CompileCounter()
+        m, x = Holder(), torch.randn(2, 3)
+        compiled = torch.compile(called_before_registration, backend=cnt)
+        with self.as_on_cpython_3_13_0():
+            first = compiled(m, x)
+            second = compiled(m, x)
+        self.assertEqual(first + 1, second)
+        self.assertEqual(len(m.lin._forward_hooks), 2)
         self.assertEqual(cnt.frame_count, 2)
 
 
