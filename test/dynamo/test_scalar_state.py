@@ -990,6 +990,14 @@ def resume_with_item_float(x, group):
     return x * d
 
 
+def step_with_size(params, grads, step_size):
+    """A per-step helper handed a new step size every call (pytorch-optimizer's AvaGrad
+    and MADGRAD hand theirs to a foreach helper): the foreach op's Scalar and the clamp
+    bound take no SymFloat."""
+    torch._foreach_addcdiv_(params, grads, [g.abs() + 1 for g in grads], value=-step_size)
+    return params[0].clamp(max=step_size * 10)
+
+
 class CounterAndDecay:
     def __init__(self):
         self.step = 0
@@ -1117,6 +1125,28 @@ class PinnedUseTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(cfn(x, groups[1]), expected, atol=0, rtol=0)
             self.assertEqual(groups[1], groups[0], atol=0, rtol=0)
         self.assertEqual(cnt.frame_count, 4)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_float_argument_an_op_takes_no_symfloat_for(self, backend):
+        # The step size changes every call: a SymFloat after the first recompile, which
+        # _tensorify_python_scalars cannot keep symbolic (the foreach Scalar, the clamp
+        # bound), so the graph input would be pinned per value (one frame per call, as
+        # without this patch: 7 frames under aot_eager / inductor, measured). It is
+        # traced as a float64 tensor input instead: the first value's frame, the backend
+        # call that _tensorify_python_scalars restarted, and the recompiled frame (3); the
+        # eager backend never pins it (2).
+        torch.manual_seed(0)
+        params = [[torch.randn(3) for _ in range(2)]]
+        params.append([p.clone() for p in params[0]])
+        cnt = CompileCounterWithBackend(backend)
+        cfn = torch.compile(step_with_size, backend=cnt)
+        for i in range(6):
+            grads = [torch.randn(3) for _ in range(2)]
+            size = 0.1 / (i + 1)
+            expected = step_with_size(params[0], grads, size)
+            self.assertEqual(cfn(params[1], grads, size), expected, atol=0, rtol=0)
+            self.assertEqual(params[1], params[0], atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 2 if backend == "eager" else 3)
 
     @parametrize("backend", ["eager", "aot_eager"])
     def test_restart_counts_a_graph_break_once(self, backend):

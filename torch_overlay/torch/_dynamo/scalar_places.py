@@ -508,7 +508,11 @@ def wrap_changed_float(builder: VariableBuilder, value: float) -> VariableTracke
     source = builder.source
     records = places(builder.tx)
     if (
-        not (_changes_make_dynamic(source) or _is_resume_function_local(builder.tx, source))
+        not (
+            _changes_make_dynamic(source)
+            or _is_resume_function_local(builder.tx, source)
+            or records.get(source.name) == FLOAT_TENSOR  # restart_instead_of_pinning_floats
+        )
         or records.get(source.name, FLOAT_TENSOR) != FLOAT_TENSOR
         or float_representation(builder.tx) is None
     ):
@@ -518,6 +522,43 @@ def wrap_changed_float(builder: VariableBuilder, value: float) -> VariableTracke
         records[source.name] = FLOAT_TENSOR
         recompiles_log.info("%s changed between calls: it is now traced as a float64 tensor input", source.name)
     return var
+
+
+def restart_instead_of_pinning_floats(output: OutputGraph) -> None:
+    """Before remove_tensorify_specialized_graphargs pins the SymFloat inputs that
+    _tensorify_python_scalars could not keep symbolic (an op with no tensor form for
+    them: a foreach Scalar, a clamp bound), which then recompiles on every value: those
+    that are locals of the frame (a float argument that automatic dynamic saw change,
+    such as a step size handed to a per-step helper) are recorded FLOAT_TENSOR, and the
+    trace restarts to trace them so. Places at attributes or in containers are already
+    FLOAT_TENSOR once they change (wrap_changed_float); a local some use recorded
+    otherwise keeps that record."""
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    from .source import LocalSource
+
+    if not enabled() or float_representation(output.root_tx) is None:
+        return
+    records = places(output.root_tx)
+    for node in output.graph.find_nodes(op="placeholder"):
+        grapharg = node.meta.get("grapharg")
+        memo = getattr(node.meta.get("example_value"), "item_memo", None)
+        if (
+            grapharg is None
+            or not isinstance(grapharg.source, LocalSource)
+            or grapharg.source.name in records
+            or memo is None
+            or not TensorifyState.should_specialize(getattr(memo.node._expr, "name", None))
+        ):
+            continue
+        records[grapharg.source.name] = FLOAT_TENSOR
+        note_marked_place(
+            output.root_tx,
+            f"{grapharg.source.name} changed between calls and feeds an op that takes no "
+            "SymFloat: it is now traced as a float64 tensor input",
+        )
+    if output.marked_scalar_places:
+        raise restart_for_marked_places(output)
 
 
 def changed_float_guard(source: Source, value: float, entry: Any) -> Any:
