@@ -647,6 +647,10 @@ def partially_tensorified(x, c):
     return x * c.scale, x.clamp(min=1 - c.scale)
 
 
+def partially_tensorified_argument(x, s):
+    return x * s, x.clamp(min=1 - s)
+
+
 class ChangedFloatTests(torch._dynamo.test_case.TestCase):
     """Floats only read by the compiled frame and changed between calls (an LR
     scheduler's param_groups[i]['lr'] and ['betas']): a SymFloat after one observed
@@ -759,6 +763,18 @@ class ChangedFloatTests(torch._dynamo.test_case.TestCase):
             c.scale = v
             x = torch.linspace(-1, 1, 5)
             self.assertEqual(fn(x, c), partially_tensorified(x, c), atol=0, rtol=0)
+
+    def test_partially_tensorified_float_argument(self):
+        # The same uses of a float argument: the first value's frame, the backend call
+        # _tensorify_python_scalars restarted (the clamp bound), and the frame with the
+        # argument as a float64 tensor input. Without this patch (the restart of patch
+        # tensorify-partial-specialization-restart): 5 frames, one per value.
+        cnt = CompileCounterWithBackend("inductor")
+        fn = torch.compile(partially_tensorified_argument, backend=cnt)
+        for v in (0.5, 0.25, 0.125, 0.3):
+            x = torch.linspace(-1, 1, 5)
+            self.assertEqual(fn(x, v), partially_tensorified_argument(x, v), atol=0, rtol=0)
+        self.assertEqual(cnt.frame_count, 3)
 
     def test_switch_off(self):
         # As without this patch: the lr is specialized, each new value recompiles
