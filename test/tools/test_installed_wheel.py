@@ -15,10 +15,14 @@ from dplib.common import Project  # noqa: E402
 from dplib.series import load_series, series_digest  # noqa: E402
 
 
+# The BASE block of the running interpreter: its wheels differ per Python (cp311, cp312, ...).
+PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
 class InstalledWheelTest(unittest.TestCase):
     def test_version_label_and_series_hash(self):
         project = Project.at(ROOT)
-        spec = load_base(project, torch.version.dynapatch_variant)
+        spec = load_base(project, torch.version.dynapatch_variant, PYTHON_TAG)
         self.assertEqual(torch.__version__, spec.patched_version)
         self.assertEqual(torch.version.dynapatch_base, spec.version)
         self.assertEqual(torch.version.dynapatch_series, series_digest(project, load_series(project)))
@@ -28,7 +32,7 @@ class InstalledWheelTest(unittest.TestCase):
 
         project = Project.at(ROOT)
         patches = load_series(project)
-        spec = load_base(project, torch.version.dynapatch_variant)
+        spec = load_base(project, torch.version.dynapatch_variant, PYTHON_TAG)
         record = dynapatch.RECORD
         self.assertEqual(record["patches"], [{"name": p.name, "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest()}
                                              for p in patches])
