@@ -14,7 +14,6 @@ from dplib.base import load_base  # noqa: E402
 from dplib.common import Project  # noqa: E402
 from dplib.series import load_series, series_digest  # noqa: E402
 
-
 # The BASE block of the running interpreter: its wheels differ per Python (cp311, cp312, ...).
 PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
