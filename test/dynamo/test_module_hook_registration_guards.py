@@ -44,17 +44,22 @@ class ModuleHookRegistrationGuardTests(torch._dynamo.test_case.TestCase):
     for the call must not keep running once the module has the hook
     (module-hook-registration-stale-results)."""
 
+    def check_later_call_recompiles_with_hooks(self, tree=contextlib.nullcontext):
+        cnt = CompileCounter()
+        m, x = Holder(), torch.randn(2, 3)
+        compiled = torch.compile(called_before_registration, backend=cnt)
+        with tree():
+            first = compiled(m, x)
+            second = compiled(m, x)
+        self.assertEqual(first + 1, second)
+        self.assertEqual(len(m.lin._forward_hooks), 2)
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_later_call_recompiles_with_hooks(self):
         # Dynamo skips the guard on an empty module hook dict: a frame
         # that added a hook and calls the module must not keep running the code
         # traced without it.
-        cnt = CompileCounter()
-        m, x = Holder(), torch.randn(2, 3)
-        compiled = torch.compile(called_before_registration, backend=cnt)
-        first = compiled(m, x)
-        second = compiled(m, x)
-        self.assertEqual(first + 1, second)
-        self.assertEqual(cnt.frame_count, 2)
+        self.check_later_call_recompiles_with_hooks()
 
     def test_pre_hook_registered_after_call_matches_eager(self):
         # Three calls: each adds one more pre-hook, which the next call runs
@@ -134,15 +139,7 @@ class ModuleHookRegistrationGuardTests(torch._dynamo.test_case.TestCase):
     def test_later_call_recompiles_with_hooks_module_dict_guarding_none(self):
         # The reproduction of test_later_call_recompiles_with_hooks, where the
         # hook dict's node hangs below a None-valued __dict__ node.
-        cnt = CompileCounter()
-        m, x = Holder(), torch.randn(2, 3)
-        compiled = torch.compile(called_before_registration, backend=cnt)
-        with self.as_on_cpython_3_13_0():
-            first = compiled(m, x)
-            second = compiled(m, x)
-        self.assertEqual(first + 1, second)
-        self.assertEqual(len(m.lin._forward_hooks), 2)
-        self.assertEqual(cnt.frame_count, 2)
+        self.check_later_call_recompiles_with_hooks(self.as_on_cpython_3_13_0)
 
 
 if __name__ == "__main__":
