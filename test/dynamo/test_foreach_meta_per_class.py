@@ -123,6 +123,14 @@ class ForeachMetaPerClassTests(torch._dynamo.test_case.TestCase):
         # Real (not fake) tensors and objects that are no numbers have no key.
         self.assertIsNone(fake_impls._foreach_element_classes(3, (same, [torch.ones(2)] * 3), {}))
         self.assertIsNone(fake_impls._foreach_element_classes(3, (same, ["a"] * 3), {}))
+        # A tensor of per-element values (addcdiv's `scalars`) is indexed by element;
+        # a 0-d tensor is one value for all.
+        scalars = mode.from_tensor(torch.randn(3))
+        self.assertIsNone(fake_impls._foreach_element_classes(3, (same, same, same, scalars), {}))
+        self.assertEqual(
+            fake_impls._foreach_element_classes(3, (same, mode.from_tensor(torch.tensor(2.0))), {}),
+            ([0], [0, 0, 0]),
+        )
         self.assertIsNone(fake_impls._foreach_element_classes(1, (same[:1],), {}))
 
     def test_symbolic_sizes_run_every_element(self):
