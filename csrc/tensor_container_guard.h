@@ -59,16 +59,19 @@ bool should_mask_python_keys();
 // from outside libtorch_python: its inline constructor calls
 // get_is_in_mode_without_ignore_compile_internals(), and neither that function
 // nor the thread local behind it is exported (libtorch_python exports only
-// TORCH_PYTHON_API symbols; in 2.13 none of torch::dynamo's guard code), so a
-// module using it does not load. What is usable is used: the include/exclude
-// sets come from c10's exported tls_local_dispatch_key_set(), the mode flag
-// from the public Python getter above. Differences: the flag is read lazily
-// (only for a tensor with a Python key), and it is the process-wide value
-// where LocalState reads the thread's; with modes entered on another thread
-// the recorded and checked key sets then differ, which fails the guard (a
-// recompile), never passes it. An in-tree port constructs a LocalState and
-// drops this class and the getter; override_dispatch_key_set (set by guards
-// outside this module) is not needed here.
+// TORCH_PYTHON_API symbols; in 2.13 and 2.15 none of torch::dynamo's guard
+// code), so a module using it does not load. What is usable is used: the
+// include/exclude sets come from c10's exported tls_local_dispatch_key_set(),
+// the mode flag from the public Python getter above. Differences: the flag is
+// read lazily (only for a tensor with a Python key), and it is the process-wide
+// value where LocalState reads the thread's; with modes entered on another
+// thread the recorded and checked key sets then differ, which fails the guard
+// (a recompile), never passes it. An in-tree port drops this class and the
+// getter: it checks with a LocalState constructed per check and, from 2.15 on,
+// builds its records with the RootGuardManager's LocalState (the one
+// set_local_state restores when guards are rebuilt from a saved package) as
+// TENSOR_MATCH does; override_dispatch_key_set (set by guards outside this
+// module) is not needed here.
 class DispatchState {
  public:
   DispatchState() : tls_(c10::impl::tls_local_dispatch_key_set()) {}

@@ -57,12 +57,14 @@ from dplib import (
 from dplib.base import (
     base_variants,
     BaseSpec,
+    check_unpinned_sources,
     default_python_tag,
     default_variant,
     fetch_base_wheel,
     installed_torch_version,
     load_base,
     pristine_sources,
+    unpinned_version,
     variant_of_wheel,
 )
 from dplib.common import die, DynapatchError, git, log, pip_quiet, Project, python_exe, run, sha256_file, step
@@ -81,7 +83,15 @@ from dplib.targets import (
     unapply_recorded,
     with_overrides,
 )
-from dplib.wheel import describe_record, patched_wheel_name, RECORD_MODULE, record_module, repack, stamp_version_py
+from dplib.wheel import (
+    describe_record,
+    patched_wheel_name,
+    read_record,
+    RECORD_MODULE,
+    record_module,
+    repack,
+    stamp_version_py,
+)
 
 # Everything the wheel is made from: a change to any of these makes the wheel stale.
 BUILD_INPUTS = ("patches", "torch_overlay", "csrc", "setup.py", "CMakeLists.txt",
@@ -153,8 +163,9 @@ def dynapatch_commit(project: Project) -> str:
 
 
 def select_base(project: Project, args: argparse.Namespace, python: Interpreter) -> tuple[BaseSpec, Path]:
-    """The base wheel to build from: --base-wheel F (any pinned variant), --variant, or the variant
-    `pip download torch==<version>` gives here, for the interpreter `python`. Verified against patches/BASE."""
+    """The base wheel to build from: --base-wheel F (any pinned variant, or an unpinned CPU build of the
+    release), --variant, or the variant `pip download torch==<version>` gives here, for the interpreter
+    `python`. Verified against patches/BASE: by sha256, or for an unpinned CPU build by version and sources."""
     if args.base_wheel is not None:
         spec = variant_of_wheel(project, args.base_wheel)
         if args.variant and args.variant != spec.variant:
@@ -164,6 +175,13 @@ def select_base(project: Project, args: argparse.Namespace, python: Interpreter)
             raise DynapatchError(f"--base-wheel {args.base_wheel.name} is a {spec.python_tag} wheel, but the "
                                  f"interpreter {python.executable} is Python {python.version} ({python.tag}); "
                                  f"pass --python for that wheel's Python")
+        if not spec.pinned:
+            pinned = load_base(project, python_tag=python.tag)
+            log(f"base: {args.base_wheel.name} is not pinned in patches/BASE (a CPU build of torch "
+                f"{spec.public_version}, sha256 {spec.sha256}); comparing its Python sources with the pinned "
+                f"{pinned.wheel}")
+            check_unpinned_sources(project, spec, args.base_wheel, pinned,
+                                   fetch_base_wheel(project, pinned, python=python.executable))
         return spec, args.base_wheel
     if args.variant:
         spec = load_base(project, args.variant, python.tag)
@@ -181,11 +199,15 @@ def build_is_noop(project: Project, args: argparse.Namespace, python: Interprete
     wheel = project.dist / stamp.wheel
     if not wheel.is_file() or sha256_file(wheel) != stamp.wheel_sha256:
         return None
-    if args.base_wheel is not None:
-        wanted = variant_of_wheel(project, args.base_wheel).variant
-    else:
-        wanted = args.variant or stamp.variant
-    return stamp if wanted == stamp.variant else None
+    if args.base_wheel is None:
+        return stamp if (args.variant or stamp.variant) == stamp.variant else None
+    # --base-wheel: the wheel in dist/ must be built from that very file (an unpinned CPU build
+    # has no block: its variant alone does not say which file).
+    spec = variant_of_wheel(project, args.base_wheel)
+    with zipfile.ZipFile(wheel) as zf:
+        built_from = (read_record(zf.read(RECORD_MODULE).decode()).get("base_sha256")
+                      if RECORD_MODULE in zf.namelist() else None)
+    return stamp if (spec.variant, spec.sha256) == (stamp.variant, built_from) else None
 
 
 def cmd_check(project: Project, args: argparse.Namespace) -> int:
@@ -208,6 +230,17 @@ def cmd_check(project: Project, args: argparse.Namespace) -> int:
     return 0
 
 
+def wheel_record(project: Project, spec: BaseSpec, patches: list, series_sha: str) -> dict:
+    """What the custom wheel records of itself (torch/_dynamo/dynapatch.py, `info`): its base wheel
+    by sha256 (pinned in patches/BASE or not), the dynapatch commit, the series."""
+    return {
+        "version": spec.patched_version, "variant": spec.variant, "base_wheel": spec.wheel,
+        "base_sha256": spec.sha256, "base_pinned": spec.pinned, "commit": dynapatch_commit(project),
+        "series_sha256": series_sha,
+        "patches": [{"name": p.name, "sha256": sha256_file(p.path)} for p in patches],
+    }
+
+
 def cmd_build(project: Project, args: argparse.Namespace) -> int:
     """Exit 0 with the custom wheel in dist/ (and .venv/); 1 bad input or failed step; 2 a patch does not apply.
 
@@ -225,7 +258,8 @@ def cmd_build(project: Project, args: argparse.Namespace) -> int:
         return 0
     with step(f"base wheel for Python {python.version}: choose, download if needed, verify sha256"):
         spec, wheel = select_base(project, args, python)
-        log(f"base: {wheel.name} ({spec.variant} variant, torch {spec.base_torch_version}, {spec.python_tag})")
+        log(f"base: {wheel.name} ({spec.variant} variant{'' if spec.pinned else ', not pinned'}, "
+            f"torch {spec.base_torch_version}, {spec.python_tag})")
     with step(f"checking the toolchain (C++ compiler, cmake, ninja; Python {python.version})"):
         tools = check_toolchain(project, python)
     pristine = pristine_sources(project, spec, wheel)
@@ -240,11 +274,7 @@ def cmd_build(project: Project, args: argparse.Namespace) -> int:
     series_sha = series_digest(project, patches)
     with open(pristine / "torch" / "version.py") as f:
         staged["torch/version.py"] = stamp_version_py(f.read(), spec, series_sha).encode()
-    staged[RECORD_MODULE] = record_module({
-        "version": spec.patched_version, "variant": spec.variant, "base_wheel": spec.wheel,
-        "base_sha256": spec.sha256, "commit": dynapatch_commit(project), "series_sha256": series_sha,
-        "patches": [{"name": p.name, "sha256": sha256_file(p.path)} for p in patches],
-    }).encode()
+    staged[RECORD_MODULE] = record_module(wheel_record(project, spec, patches, series_sha)).encode()
     with step("building the C++ extension"):
         ext_name, ext_bytes = build_extension(project, spec, wheel, tools)
     staged[ext_name] = ext_bytes
@@ -321,7 +351,8 @@ def cmd_test(project: Project, args: argparse.Namespace) -> int:
         log(f"wheel or {venv.name} missing or stale: building first")
         last = read_stamp(project, python.tag)
         args.no_venv, args.force, args.base_wheel = False, False, getattr(args, "base_wheel", None)
-        args.variant = getattr(args, "variant", None) or (last.variant if last else None)
+        if args.base_wheel is None:  # --base-wheel says which variant
+            args.variant = getattr(args, "variant", None) or (last.variant if last else None)
         cmd_build(project, args)
     started = time.monotonic()
     cmd = [python_exe(venv), "-m", "pytest", "-p", "no:cacheprovider", *pytest_args(project, args)]
@@ -471,7 +502,9 @@ def cmd_upstream_tests(project: Project, args: argparse.Namespace) -> int:
         patched = project.venv
     else:
         patched = args.patched_venv.resolve()
-    for label, venv, expected in (("stock", stock, spec.version), ("patched", patched, spec.patched_version)):
+    # torch.__version__ of the stock wheel is its version.py's (2.15.0+cu132 for PyPI's 2.15.0).
+    for label, venv, expected in (("stock", stock, spec.base_torch_version),
+                                  ("patched", patched, spec.patched_version)):
         version = run([python_exe(venv), "-c", "import torch; print(torch.__version__)"],
                       capture=True, cwd=project.cache).stdout.split()[-1]
         if version != expected:
@@ -567,7 +600,8 @@ def cmd_lint(project: Project, args: argparse.Namespace) -> int:
 
 def version_text(project: Project) -> str:
     variants = ", ".join(f"{v.variant} {v.python_tag} ({v.wheel})" for v in base_variants(project))
-    return (f"dynapatch.py {dynapatch_commit(project)}\nbase torch {load_base(project).public_version}: {variants}\n"
+    return (f"dynapatch.py {dynapatch_commit(project)}\nbase torch {load_base(project).public_version}: {variants}; "
+            f"a CPU build ({unpinned_version(project)}) through build --base-wheel F\n"
             f"custom wheel: {load_base(project).patched_version} (or the variant's label)")
 
 
@@ -593,6 +627,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     base_help = "use this base wheel file (a variant pinned in patches/BASE) instead of pip download"
+    build_base_help = ("use this base wheel file instead of pip download: a variant pinned in patches/BASE, or a "
+                       "CPU build of its release (torch-<version>+cpu, checked by version and sources; its sha256 "
+                       "is recorded in the custom wheel)")
     helps = {
         "build": "base wheel -> patched, reproducible custom wheel in dist/ -> .venv/ (a no-op when nothing changed)",
         "test": "pytest in .venv/ (default: test/), building first if the wheel is stale; "
@@ -603,7 +640,7 @@ def make_parser() -> argparse.ArgumentParser:
     for name, func in (("build", cmd_build), ("test", cmd_test), ("check", cmd_check), ("devtree", cmd_devtree)):
         p = sub.add_parser(name, help=helps[name], description=helps[name] + ".")
         p.set_defaults(func=func)
-        p.add_argument("--base-wheel", type=Path, help=base_help)
+        p.add_argument("--base-wheel", type=Path, help=build_base_help if name == "build" else base_help)
         if name in ("build", "test"):
             p.add_argument("--variant", metavar="cpu|cuda", help="the base wheel variant "
                            "(default: the one `pip download torch==<version>` "

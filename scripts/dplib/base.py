@@ -30,6 +30,7 @@ class BaseSpec:
     label: str = ""  # the variant's part of the custom wheel's local version (cpu, cu130)
     index: str = ""  # a package index serving this file
     series_tag: str = ""  # <patch count>.g<8 hex of the series digest>, "" if the series is invalid
+    pinned: bool = True  # False: a CPU build given by --base-wheel, checked by version and sources (no block)
 
     @property
     def public_version(self) -> str:
@@ -110,7 +111,9 @@ def load_base(project: Project, variant: str | None = None, python_tag: str | No
         if spec.variant == variant:
             return spec
     raise DynapatchError(f"patches/BASE has no variant {variant!r}" + (f" for {python_tag}" if python_tag else "")
-                         + f" (it pins {', '.join(f'{s.variant} {s.python_tag}' for s in specs)})")
+                         + f" (it pins {', '.join(f'{s.variant} {s.python_tag}' for s in specs)})"
+                         + (f"; for a CPU build pass its wheel: --base-wheel torch-{specs[0].public_version}+"
+                            f"{UNPINNED_LABEL}-...whl" if variant == UNPINNED_LABEL else ""))
 
 
 def default_python_tag(project: Project) -> str:
@@ -142,8 +145,20 @@ def wheel_python_tag(name: str) -> str:
     return parts[2] if len(parts) >= 5 else ""
 
 
+# The one base wheel build accepts without a patches/BASE block: a CPU build of the pinned release
+# (its local label), given by --base-wheel, checked by version and sources instead of sha256.
+UNPINNED_LABEL = "cpu"
+
+
+def unpinned_version(project: Project) -> str:
+    """The version of a CPU build of the series' torch release, e.g. 2.15.0+cpu."""
+    return f"{load_base(project).public_version}+{UNPINNED_LABEL}"
+
+
 def variant_of_wheel(project: Project, path: Path) -> BaseSpec:
-    """The pinned variant `path` is, by file name, version and sha256; DynapatchError if none."""
+    """The pinned variant `path` is, by file name, version and sha256; or, for a CPU build of the
+    pinned release that no block pins, a spec for it (pinned=False: its sources are checked by
+    check_unpinned_sources). DynapatchError for anything else."""
     if not path.is_file():
         raise DynapatchError(f"base wheel {path} does not exist")
     name = path.name.split("-")[0] if path.name.endswith(".whl") else ""
@@ -153,18 +168,78 @@ def variant_of_wheel(project: Project, path: Path) -> BaseSpec:
     version = wheel_version(path)
     specs = base_variants(project)
     candidates = [s for s in specs if s.version == version]
-    if not candidates:
+    cpu = unpinned_version(project)
+    if not candidates and version != cpu:
         raise DynapatchError(
             f"base wheel {path.name} is torch {version}, but patches/BASE pins torch "
-            f"{' or '.join(s.version for s in specs)}: the series is only valid against that release")
+            f"{' or '.join(dict.fromkeys(s.version for s in specs))} (or a CPU build, {cpu}, through "
+            f"--base-wheel): the series is only valid against that release")
     digest = sha256_file(path)
     for spec in candidates:
         if digest == spec.sha256:
             return spec
-    raise DynapatchError(
-        f"base wheel {path} has sha256 {digest}, but patches/BASE pins "
-        + " or ".join(f"{s.sha256} ({s.variant}: {s.wheel})" for s in candidates)
-        + ": refusing a rebuilt or different file")
+    if candidates:
+        raise DynapatchError(
+            f"base wheel {path} has sha256 {digest}, but patches/BASE pins "
+            + " or ".join(f"{s.sha256} ({s.variant}: {s.wheel})" for s in candidates)
+            + ": refusing a rebuilt or different file")
+    return _unpinned_spec(project, path, version, digest)
+
+
+def _unpinned_spec(project: Project, path: Path, version: str, digest: str) -> BaseSpec:
+    """A CPU build of the pinned release: its METADATA and torch/version.py must say `version` too."""
+    info = f"torch-{version}.dist-info/METADATA"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            metadata = zf.read(info).decode(errors="replace")
+            version_py = zf.read("torch/version.py").decode(errors="replace")
+    except zipfile.BadZipFile:
+        raise DynapatchError(f"base wheel {path} is not a zip file (a truncated download?)") from None
+    except KeyError as e:
+        raise DynapatchError(f"base wheel {path.name} has no {e.args[0].split()[-1]}: not a torch {version} "
+                             f"wheel") from None
+    meta = re.search(r"^Version: (\S+)", metadata, re.M)
+    if meta is None or meta.group(1) != version:
+        raise DynapatchError(f"base wheel {path.name}: its {info} says Version "
+                             f"{meta.group(1) if meta else '(none)'}, its file name {version}: refusing it")
+    torch_version = _VERSION_RE.search(version_py)
+    if torch_version is None or torch_version.group(1) != version:
+        raise DynapatchError(f"base wheel {path.name}: its torch/version.py says __version__ "
+                             f"{torch_version.group(1) if torch_version else '(none)'}, not {version}: refusing it")
+    first = load_base(project)
+    return BaseSpec(version, path.name, digest, first.local_label, UNPINNED_LABEL, version, UNPINNED_LABEL,
+                    "", first.series_tag, pinned=False)
+
+
+def check_unpinned_sources(project: Project, spec: BaseSpec, wheel: Path, pinned: BaseSpec,
+                           pinned_wheel: Path) -> Path:
+    """An unpinned base's Python sources (torch/ *.py, *.pyi, *.json) must be the pinned wheel's,
+    torch/version.py aside: then the series applies to it exactly as `check` verified. Returns its
+    pristine sources."""
+    ours = pristine_sources(project, spec, wheel)
+    theirs = pristine_sources(project, pinned, pinned_wheel)
+
+    def files(root: Path) -> dict[str, Path]:
+        return {str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and p.name != ".complete"}
+
+    a, b = files(ours), files(theirs)
+    a.pop("torch/version.py", None)
+    b.pop("torch/version.py", None)
+    only_ours, only_theirs = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
+    differ = sorted(rel for rel in a.keys() & b.keys() if a[rel].read_bytes() != b[rel].read_bytes())
+    problems = ([f"{len(differ)} differ ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''})"] if differ
+                else []) + ([f"{len(only_ours)} only in it ({', '.join(only_ours[:3])}"
+                             f"{', ...' if len(only_ours) > 3 else ''})"] if only_ours else []) \
+        + ([f"{len(only_theirs)} missing ({', '.join(only_theirs[:3])}{', ...' if len(only_theirs) > 3 else ''})"]
+           if only_theirs else [])
+    if problems:
+        raise DynapatchError(
+            f"base wheel {spec.wheel} is not pinned in patches/BASE and its Python sources are not those of "
+            f"the pinned {pinned.wheel}: {'; '.join(problems)}. The series is only checked against the pinned "
+            f"sources: use a pinned wheel, or pin this one in patches/BASE once `check` passes with it")
+    log(f"unpinned base: its {len(a)} Python sources are those of the pinned {pinned.wheel} "
+        f"(torch/version.py aside)")
+    return ours
 
 
 def verify_base_wheel(spec: BaseSpec, path: Path) -> None:

@@ -50,7 +50,9 @@ RECORD = {record}
 def describe(record: dict = RECORD) -> str:
     lines = [
         f"torch {{record['version']}} (dynapatch, {{record['variant']}} variant)",
-        f"base wheel: {{record['base_wheel']}} sha256 {{record['base_sha256']}}",
+        f"base wheel: {{record['base_wheel']}} sha256 {{record['base_sha256']}}"
+        + ("" if record.get("base_pinned", True) else
+           " (not pinned in patches/BASE: a CPU build, checked by version and sources)"),
         f"dynapatch commit: {{record['commit']}}",
         f"series sha256: {{record['series_sha256']}} ({{len(record['patches'])}} patches)",
     ]

@@ -250,7 +250,7 @@ class ForeachMetaPerClassTests(torch._dynamo.test_case.TestCase):
                         if actual != expected:
                             differences.append((op.name, dtype, variant, actual, expected))
         self.assertEqual(differences, [])
-        self.assertEqual(per_class, 546)
+        self.assertEqual(per_class, 548)  # torch 2.15.0's foreach OpInfo samples
 
     def test_compiled_foreach_steps(self):
         # A foreach Adam step over parameters of three shapes, every backend users run.

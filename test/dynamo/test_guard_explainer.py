@@ -71,13 +71,13 @@ class GuardExplainerTests(torch._dynamo.test_case.TestCase):
             """\
 Guards of forward (test_guard_explainer.py:21): 1 cache entry
 cache entry 0:
-  38 guards on 7 objects: type 11, identity 9, contents 5, global state 4, tensor 3, tensor bookkeeping 3, aliasing 2, relation 1
+  39 guards on 7 objects: type 11, identity 9, contents 6, global state 4, tensor 3, tensor bookkeeping 3, aliasing 2, relation 1
     <globals and imports>: 13 guards
         identity of 9 objects
         type of 4 objects
-    self: 10 guards
+    self: 11 guards
         type of 4 objects
-        contents (4 key/length checks)
+        contents (5 key/length checks)
         2 same-object checks (e.g. self.__dict__['_modules'] is self._modules)
     self.layer: 7 guards
         type of 2 objects

@@ -1,5 +1,5 @@
 # Owner(s): ["module: dynamo"]
-"""OptimizerVariable: attribute routing, guards on per-parameter state, and the
+"""OptimizerVariable: guards on per-parameter state, and the
 references a compiled step leaves behind."""
 
 import contextlib
@@ -10,7 +10,6 @@ import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
 from torch._dynamo.testing import CompileCounter
-from torch._dynamo.utils import counters
 
 
 class ScaledSGD(torch.optim.Optimizer):
@@ -36,20 +35,7 @@ class ScaledSGD(torch.optim.Optimizer):
             params, grads, scales = [], [], []
             self._init_group(group, params, grads, scales)
             for p, g, s in zip(params, grads, scales):
-                p.add_(g, alpha=-group["lr"] * s * self.multiplier())
-
-    def multiplier(self):
-        return 1
-
-
-class GroupScaledSGD(ScaledSGD):
-    def __init__(self, params, lr):
-        super().__init__(params, lr)
-        # An attribute whose name is a substring of "_init_group".
-        self.group = 3
-
-    def multiplier(self):
-        return self.group
+                p.add_(g, alpha=-group["lr"] * s)
 
 
 def make_params(seed):
@@ -136,22 +122,6 @@ def alive(refs):
 
 
 class OptimizerVariableTests(torch._dynamo.test_case.TestCase):
-    def test_attribute_named_like_init_group_substring(self):
-        # `self.group` used to be routed to _init_group's interception (a substring
-        # test), breaking the graph and running the whole step eagerly.
-        eager_params, compiled_params = make_params(0), make_params(0)
-        eager_opt = GroupScaledSGD(eager_params, lr=0.1)
-        compiled_opt = GroupScaledSGD(compiled_params, lr=0.1)
-        cnt = CompileCounter()
-        compiled_step = torch.compile(compiled_opt.step, backend=cnt, fullgraph=True)
-        for _ in range(3):
-            eager_opt.step()
-            compiled_step()
-        self.assertEqual(cnt.frame_count, 1)
-        self.assertEqual(dict(counters["graph_break"]), {})
-        for e, c in zip(eager_params, compiled_params):
-            self.assertEqual(e, c)
-
     def test_state_of_first_param_is_guarded(self):
         # The first parameter's state sits at index 0 of optimizer.state; its
         # non-tensor values must be guarded like any other parameter's.

@@ -10,6 +10,7 @@ import tempfile
 import time
 import unittest
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +22,73 @@ WHEEL_TAGS = "cp311-cp311-manylinux_2_28_x86_64"
 sys.path.insert(0, str(ROOT / "scripts"))
 import dynapatch as dynapatch_mod  # noqa: E402
 from dplib import wheel as wheel_mod  # noqa: E402
-from dplib.base import load_base  # noqa: E402
+from dplib.base import base_variants, load_base  # noqa: E402
 from dplib.common import Project, sha256_file  # noqa: E402
+
+# Facts of the series and its base are read from the project's files at test time (never written
+# out here), so a rebase or a re-cut does not break these tests.
+
+
+def pristine_tree() -> Path:
+    """The pinned base's extracted Python sources (check and build fill the cache)."""
+    return CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
+
+
+@dataclass
+class Hunk:
+    file: str
+    header: str  # "@@ -150,7 +152,7 @@"
+    lines: list  # " context", "-removed", "+added"
+
+
+def hunks(patch: Path) -> list:
+    """The hunks of a patch file, in order."""
+    out, file, left = [], None, (0, 0)
+    for line in patch.read_text().split("\n---\n", 1)[1].splitlines():
+        if left != (0, 0):
+            out[-1].lines.append(line)
+            left = (left[0] - (line[:1] != "+"), left[1] - (line[:1] != "-"))
+        elif line.startswith("diff --git a/"):
+            file = line.split()[2][2:]
+        elif line.startswith("@@ ") and file:
+            match = re.match(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+            out.append(Hunk(file, match.group(0), []))
+            left = (int(match.group(1) or 1), int(match.group(2) or 1))
+    return out
+
+
+def context_line(patch: Path, near=None):
+    """A context line of `patch` found once in it and once in its file of the pinned base, as
+    (hunk, line without its " "). near=True: next to a changed line; False: not next to one."""
+    text = patch.read_text()
+    for hunk in hunks(patch):
+        source = (pristine_tree() / hunk.file).read_text().splitlines()
+        for i, line in enumerate(hunk.lines):
+            if line[:1] != " " or not line.strip() or text.count(f"\n{line}\n") != 1 or source.count(line[1:]) != 1:
+                continue
+            changed = any(hunk.lines[j][:1] in ("+", "-") for j in (i - 1, i + 1) if 0 <= j < len(hunk.lines))
+            if near is None or near == changed:
+                return hunk, line[1:]
+    raise AssertionError(f"{patch.name} has no context line once in it and its file (near={near})")
+
+
+def changed_line(patch: Path, sign: str):
+    """The first line `patch` adds (sign "+") or removes ("-") that is not blank and is found once in
+    the patch, as (hunk, line without its sign)."""
+    text = patch.read_text()
+    for hunk in hunks(patch):
+        for line in hunk.lines:
+            if line[:1] == sign and line[1:].strip() and text.count(f"\n{line}\n") == 1:
+                return hunk, line[1:]
+    raise AssertionError(f"{patch.name} has no such {sign} line")
+
+
+def replace_line(text: str, line: str, new: str) -> str:
+    """`text` with its one line `line` replaced by `new`."""
+    lines = text.split("\n")
+    assert lines.count(line) == 1, (line, lines.count(line))
+    lines[lines.index(line)] = new
+    return "\n".join(lines)
 
 
 class ProjectCopyTestCase(unittest.TestCase):
@@ -58,19 +124,26 @@ class ProjectCopyTestCase(unittest.TestCase):
         for fragment in fragments:
             self.assertIn(fragment, proc.stderr)
 
-    def last_good_build(self, current=False):
+    def last_good_build(self, current=False, variant=None):
         """dist/ and build/wheel.stamp as an earlier successful build left them (for the project's
-        inputs as they are if `current`, else for other inputs). Returns their bytes."""
+        inputs as they are if `current`, else for other inputs; of the first block's variant unless
+        `variant`). Returns their bytes."""
         project = Project.at(self.project)
         spec = load_base(project)
+        label = variant or spec.label
         (self.project / "dist").mkdir(exist_ok=True)
-        wheel = self.project / "dist" / f"torch-2.13.0+cpu.dynapatch.14.g00000000-{WHEEL_TAGS}.whl"
+        wheel = self.project / "dist" / f"torch-{spec.public_version}+{label}.dynapatch.14.g00000000-{WHEEL_TAGS}.whl"
         wheel.write_bytes(b"last good wheel")
         digest = dynapatch_mod.inputs_digest(project) if current else "0" * 64
         (self.project / "build").mkdir(exist_ok=True)
         (self.project / "build" / "wheel.stamp").write_text(
-            f"{digest} {wheel.name} {sha256_file(wheel)} {spec.variant}\n")
+            f"{digest} {wheel.name} {sha256_file(wheel)} {variant or spec.variant}\n")
         return self.dist_and_stamp()
+
+    @property
+    def variant(self):
+        """The variant of patches/BASE's first block (the default; cached in build/cache/base)."""
+        return load_base(Project.at(self.project)).variant
 
     def dist_and_stamp(self):
         files = sorted((self.project / "dist").glob("*")) + [self.project / "build" / "wheel.stamp"]
@@ -88,16 +161,18 @@ class SeriesValidationTest(ProjectCopyTestCase):
         self.assertIn("apply with zero fuzz and no offsets", proc.stdout)
 
     def test_patch_with_changed_context_names_patch_file_and_hunk(self):
-        text = self.patch.read_text()
-        self.patch.write_text(text.replace(" # which will directly inline\n", " # which will inline\n", 1))
+        hunk, line = context_line(self.patch)
+        self.patch.write_text(replace_line(self.patch.read_text(), f" {line}", f" {line}  # edited"))
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
-        self.assertFailsWith(proc, 2, self.patch.name, "torch/_dynamo/variables/optimizer.py", "@@ -150,7 +152,7 @@")
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant)
+        self.assertFailsWith(proc, 2, self.patch.name, hunk.file, hunk.header)
         self.assertLastGoodBuildKept(before)
 
     def test_truncated_patch_is_reported_corrupt(self):
+        # Cut in the middle of a hunk: the lines its header counts are missing.
         text = self.patch.read_text()
-        self.patch.write_text(text[: text.index("+        if name ==")] + "-garbage\n")
+        _, added = changed_line(self.patch, "+")
+        self.patch.write_text(text[: text.index(f"\n+{added}\n") + 1] + "-garbage\n")
         proc = self.dynapatch("check")
         self.assertFailsWith(proc, 2, self.patch.name, "corrupt")
 
@@ -121,7 +196,7 @@ class SeriesValidationTest(ProjectCopyTestCase):
             text.replace("Upstream-Status:", "Overlay-File: torch/_dynamo/absent.py\nUpstream-Status:")
         )
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant)
         self.assertFailsWith(proc, 1, self.patch.name, "torch_overlay/torch/_dynamo/absent.py", "missing")
         self.assertLastGoodBuildKept(before)
 
@@ -140,17 +215,24 @@ class BaseWheelTest(ProjectCopyTestCase):
         return path
 
     def test_wrong_version_refused(self):
+        specs = base_variants(Project.at(self.project))
+        pinned = " or ".join(dict.fromkeys(s.version for s in specs))
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--base-wheel",
-                              str(self.fake_wheel(f"torch-2.12.0+cpu-{WHEEL_TAGS}.whl")))
-        self.assertFailsWith(proc, 1, "torch 2.12.0+cpu", "pins torch 2.13.0+cpu or 2.13.0")
-        self.assertLastGoodBuildKept(before)
+        # Another release's CPU build, and the release with a local label that is not cpu.
+        for version in ("2.12.0+cpu", f"{specs[0].public_version}+cu999"):
+            with self.subTest(version=version):
+                proc = self.dynapatch("build", "--no-venv", "--base-wheel",
+                                      str(self.fake_wheel(f"torch-{version}-{WHEEL_TAGS}.whl")))
+                self.assertFailsWith(proc, 1, f"torch {version}, but patches/BASE pins torch {pinned} "
+                                     f"(or a CPU build, {specs[0].public_version}+cpu, through --base-wheel)")
+                self.assertLastGoodBuildKept(before)
 
     def test_wrong_file_refused(self):
+        # A pinned block's file name and version, other bytes: pinned versions are held to their sha256.
+        spec = load_base(Project.at(self.project))
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--base-wheel",
-                              str(self.fake_wheel(f"torch-2.13.0+cpu-{WHEEL_TAGS}.whl")))
-        self.assertFailsWith(proc, 1, "sha256", load_base(Project.at(self.project), "cpu").sha256)
+        proc = self.dynapatch("build", "--no-venv", "--base-wheel", str(self.fake_wheel(spec.wheel)))
+        self.assertFailsWith(proc, 1, "sha256", spec.sha256, "refusing a rebuilt or different file")
         self.assertLastGoodBuildKept(before)
 
     def test_other_package_refused(self):
@@ -163,31 +245,187 @@ class BaseWheelTest(ProjectCopyTestCase):
         self.assertLastGoodBuildKept(before)
 
     def test_unknown_variant_refused(self):
+        pinned = ", ".join(f"{s.variant} {s.python_tag}" for s in base_variants(Project.at(self.project))
+                           if s.python_tag == "cp311")
         before = self.last_good_build()
         proc = self.dynapatch("build", "--no-venv", "--variant", "rocm")
-        self.assertFailsWith(proc, 1, "no variant 'rocm' for cp311", "cpu cp311, cuda cp311")
+        self.assertFailsWith(proc, 1, "no variant 'rocm' for cp311", f"(it pins {pinned})")
+        self.assertNotIn("--base-wheel", proc.stderr)
         self.assertLastGoodBuildKept(before)
+        if "cpu" not in pinned:  # a CPU build is a --base-wheel away: the error says so
+            proc = self.dynapatch("build", "--no-venv", "--variant", "cpu")
+            self.assertFailsWith(proc, 1, "no variant 'cpu' for cp311", "for a CPU build pass its wheel: "
+                                 f"--base-wheel torch-{load_base(Project.at(self.project)).public_version}+cpu-")
 
     def test_variants_label_the_custom_wheel(self):
         project = Project.at(self.project)
-        cpu, cuda = load_base(project, "cpu"), load_base(project, "cuda")
-        self.assertEqual((cpu.version, cuda.version), ("2.13.0+cpu", "2.13.0"))
+        specs = base_variants(project)
+        self.assertEqual(len({s.public_version for s in specs}), 1)
         # The label counts the series' patches.
         n = sum(1 for line in (self.project / "patches/series").read_text().splitlines()
                 if line.strip() and not line.startswith("#"))
-        self.assertRegex(cpu.patched_version, rf"^2\.13\.0\+cpu\.dynapatch\.{n}\.g[0-9a-f]{{8}}$")
-        self.assertRegex(cuda.patched_version, rf"^2\.13\.0\+cu130\.dynapatch\.{n}\.g[0-9a-f]{{8}}$")
-        self.assertEqual(wheel_mod.patched_wheel_name(cuda), f"torch-{cuda.patched_version}-{WHEEL_TAGS}.whl")
+        for spec in specs:
+            self.assertEqual(spec.version.split("+")[0], spec.public_version)
+            self.assertRegex(spec.patched_version, rf"^{re.escape(spec.public_version)}\+{re.escape(spec.label)}"
+                                                   rf"\.dynapatch\.{n}\.g[0-9a-f]{{8}}$")
+            tags = spec.wheel.split("-", 2)[2]
+            self.assertEqual(wheel_mod.patched_wheel_name(spec), f"torch-{spec.patched_version}-{tags}")
         # The number after the label changes with the series: here an overlay file's content.
         explainer = self.project / "torch_overlay/torch/_dynamo/guard_explainer.py"
         explainer.write_text(explainer.read_text() + "\n# edited\n")
-        self.assertNotEqual(load_base(project, "cpu").patched_version, cpu.patched_version)
+        self.assertNotEqual(load_base(project).patched_version, specs[0].patched_version)
+
+
+class UnpinnedCpuBaseTest(ProjectCopyTestCase):
+    """build --base-wheel with a CPU build of the release that patches/BASE does not pin (issue 43):
+    accepted by version (file name, METADATA, torch/version.py), Python tag and sources (the pinned
+    wheel's, torch/version.py aside), and recorded by sha256 in the custom wheel. The CPU wheel is
+    fabricated from the pinned wheel's sources (no real one is reachable from these machines)."""
+
+    def setUp(self):
+        super().setUp()
+        self.spec = load_base(Project.at(self.project))
+        if not (pristine_tree() / ".complete").is_file():
+            self.skipTest(f"{pristine_tree()} not extracted (run check or build first)")
+        self.cpu_version = f"{self.spec.public_version}+cpu"
+
+    def cpu_wheel(self, tags=WHEEL_TAGS, metadata_version=None, torch_version=None, edit=None, sources=True):
+        """torch-<release>+cpu-<tags>.whl: the pinned sources (but `edit`: rel -> text or None to drop),
+        torch/version.py and METADATA saying `torch_version` and `metadata_version` (default: its version)."""
+        path = self.tmp / f"torch-{self.cpu_version}-{tags}.whl"
+        pristine = pristine_tree()
+        files = {}
+        if sources:
+            files = {str(f.relative_to(pristine)): f.read_bytes() for f in sorted(pristine.rglob("*"))
+                     if f.is_file() and f.name != ".complete"}
+        version_py = (pristine / "torch/version.py").read_text()
+        files["torch/version.py"] = version_py.replace(f"'{self.spec.base_torch_version}'",
+                                                       f"'{torch_version or self.cpu_version}'").encode()
+        for rel, text in (edit or {}).items():
+            if text is None:
+                del files[rel]
+            else:
+                files[rel] = text.encode()
+        info = f"torch-{self.cpu_version}.dist-info"
+        files[f"{info}/METADATA"] = (f"Metadata-Version: 2.4\nName: torch\n"
+                                     f"Version: {metadata_version or self.cpu_version}\n").encode()
+        files[f"{info}/WHEEL"] = f"Wheel-Version: 1.0\nTag: {tags}\n".encode()
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+            for rel, data in sorted(files.items()):
+                zf.writestr(zipfile.ZipInfo(rel, date_time=wheel_mod.ZIP_EPOCH), data)
+        # build extracts its sources into the shared cache: remove them again.
+        self.addCleanup(shutil.rmtree, CACHE / f"pristine-{sha256_file(path)[:16]}", ignore_errors=True)
+        return path
+
+    def build(self, wheel, *args):
+        """build --base-wheel `wheel`, stopped by a missing compiler (the step after the base wheel's)."""
+        return self.dynapatch("build", "--no-venv", "--base-wheel", str(wheel), *args, env={"CXX": "/nonexistent"})
+
+    def test_cpu_build_is_accepted_by_version_and_sources(self):
+        wheel = self.cpu_wheel()
+        before = self.last_good_build()
+        proc = self.build(wheel)
+        # It got past the base wheel step: the compiler check is what stops it.
+        self.assertFailsWith(proc, 1, "CXX=/nonexistent is not a C++ compiler that runs")
+        self.assertIn(f"base: {wheel.name} is not pinned in patches/BASE (a CPU build of torch "
+                      f"{self.spec.public_version}, sha256 {sha256_file(wheel)})", proc.stdout)
+        self.assertRegex(proc.stdout, rf"unpinned base: its \d+ Python sources are those of the pinned "
+                                      rf"{re.escape(self.spec.wheel)} \(torch/version.py aside\)")
+        self.assertIn(f"base: {wheel.name} (cpu variant, not pinned, torch {self.cpu_version}, cp311)", proc.stdout)
+        self.assertLastGoodBuildKept(before)
+
+    def test_other_sources_refused(self):
+        # The series applies to a file with another context line elsewhere, but it is not the pinned file.
+        hunk, line = context_line(self.patch)
+        dropped = "torch/_dynamo/__init__.py"
+        edited = replace_line((pristine_tree() / hunk.file).read_text(), line, line + "  # rebuilt")
+        before = self.last_good_build()
+        proc = self.build(self.cpu_wheel(edit={hunk.file: edited, dropped: None}))
+        self.assertFailsWith(proc, 1, "is not pinned in patches/BASE and its Python sources are not those of the "
+                             f"pinned {self.spec.wheel}: 1 differ ({hunk.file}); 1 missing ({dropped})",
+                             "use a pinned wheel, or pin this one in patches/BASE once `check` passes with it")
+        self.assertLastGoodBuildKept(before)
+
+    def test_version_is_checked_in_metadata_and_version_py(self):
+        before = self.last_good_build()
+        proc = self.build(self.cpu_wheel(metadata_version="2.12.0+cpu", sources=False))
+        self.assertFailsWith(proc, 1, f"METADATA says Version 2.12.0+cpu, its file name {self.cpu_version}")
+        proc = self.build(self.cpu_wheel(torch_version="2.12.0+cpu", sources=False))
+        self.assertFailsWith(proc, 1, f"torch/version.py says __version__ 2.12.0+cpu, not {self.cpu_version}")
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertLastGoodBuildKept(before)
+
+    def test_python_tag_must_be_the_interpreters(self):
+        wheel = self.cpu_wheel(tags="cp399-cp399-manylinux_2_28_x86_64", sources=False)
+        proc = self.build(wheel)
+        self.assertFailsWith(proc, 1, f"{wheel.name} is a cp399 wheel, but the interpreter",
+                             "pass --python for that wheel's Python")
+
+    def test_wheel_records_the_unpinned_base(self):
+        from dplib.base import variant_of_wheel
+        from dplib.series import load_series, series_digest
+
+        project = Project.at(self.project)
+        wheel = self.cpu_wheel(sources=False)
+        spec = variant_of_wheel(project, wheel)
+        self.assertEqual((spec.variant, spec.version, spec.sha256, spec.pinned),
+                         ("cpu", self.cpu_version, sha256_file(wheel), False))
+        self.assertTrue(spec.patched_version.startswith(f"{self.cpu_version}.dynapatch."))
+        patches = load_series(project)
+        record = dynapatch_mod.wheel_record(project, spec, patches, series_digest(project, patches))
+        self.assertEqual((record["base_wheel"], record["base_sha256"], record["base_pinned"]),
+                         (wheel.name, sha256_file(wheel), False))
+        custom = self.tmp / wheel_mod.patched_wheel_name(spec)
+        self.assertEqual(custom.name, f"torch-{spec.patched_version}-{WHEEL_TAGS}.whl")
+        with zipfile.ZipFile(custom, "w") as zf:
+            zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module(record))
+        proc = self.dynapatch("info", "--wheel", str(custom))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn(f"torch {spec.patched_version} (dynapatch, cpu variant)\n"
+                      f"base wheel: {wheel.name} sha256 {sha256_file(wheel)} (not pinned in patches/BASE: "
+                      f"a CPU build, checked by version and sources)\n", proc.stdout)
+        # A pinned base says nothing more than before.
+        pinned = dynapatch_mod.wheel_record(project, self.spec, patches, series_digest(project, patches))
+        self.assertTrue(pinned["base_pinned"])
+        with zipfile.ZipFile(custom, "w") as zf:
+            zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module(pinned))
+        proc = self.dynapatch("info", "--wheel", str(custom))
+        self.assertIn(f"base wheel: {self.spec.wheel} sha256 {self.spec.sha256}\n", proc.stdout)
+
+    def test_no_op_only_for_the_same_file(self):
+        # The last build was from this CPU wheel (its record names its sha256): nothing to do. From
+        # another CPU wheel (same variant, other file): not a no-op.
+        project = Project.at(self.project)
+        wheel = self.cpu_wheel(sources=False)
+        spec = dynapatch_mod.variant_of_wheel(project, wheel)
+
+        def last_build(base_sha256):
+            (self.project / "dist").mkdir(exist_ok=True)
+            built = self.project / "dist" / wheel_mod.patched_wheel_name(spec)
+            with zipfile.ZipFile(built, "w") as zf:
+                zf.writestr(wheel_mod.RECORD_MODULE, wheel_mod.record_module({"base_sha256": base_sha256}))
+            (self.project / "build").mkdir(exist_ok=True)
+            dynapatch_mod.write_stamp(project, dynapatch_mod.Stamp(
+                dynapatch_mod.inputs_digest(project), built.name, sha256_file(built), "cpu", "cp311"))
+            return self.dist_and_stamp()
+
+        before = last_build(spec.sha256)
+        proc = self.build(wheel)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("nothing changed since the last build", proc.stdout)
+        self.assertIn("cpu variant, cp311)", proc.stdout)
+        self.assertEqual(self.dist_and_stamp(), before)
+        before = last_build("0" * 64)
+        proc = self.build(wheel)
+        self.assertNotIn("nothing changed", proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(self.dist_and_stamp(), before)
 
 
 class BuildTest(ProjectCopyTestCase):
     def test_missing_compiler_keeps_last_good_wheel(self):
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant, env={"CXX": "/nonexistent"})
         self.assertFailsWith(proc, 1, "CXX=/nonexistent is not a C++ compiler that runs")
         self.assertNotIn("Traceback", proc.stderr)
         self.assertLastGoodBuildKept(before)
@@ -199,7 +437,7 @@ class BuildTest(ProjectCopyTestCase):
                         "echo 'guard.cpp:1:1: error: the fake compiler refuses' >&2\nexit 1\n")
         fake.chmod(0o755)
         before = self.last_good_build()
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": str(fake)})
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant, env={"CXX": str(fake)})
         self.assertFailsWith(proc, 1, "the C++ extension did not build:", "error: the fake compiler refuses",
                              "ext-build.log")
         self.assertNotIn("Traceback", proc.stderr)
@@ -215,14 +453,18 @@ class BuildTest(ProjectCopyTestCase):
         self.assertEqual(self.dist_and_stamp(), before)
         # Any input change makes it a real build (which the missing compiler stops).
         (self.project / "csrc" / "guard_accel.cpp").write_text("// edited\n")
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant, env={"CXX": "/nonexistent"})
         self.assertFailsWith(proc, 1, "CXX=/nonexistent")
         self.assertEqual(self.dist_and_stamp(), before)
 
     def test_another_variant_is_not_a_noop(self):
-        before = self.last_good_build(current=True)
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cuda", "--base-wheel",
-                              str(self.tmp / "absent.whl"))
+        # The last build was of another variant (a CPU build from --base-wheel): the default one builds.
+        before = self.last_good_build(current=True, variant="cpu")
+        proc = self.dynapatch("build", "--no-venv", "--variant", self.variant, env={"CXX": "/nonexistent"})
+        self.assertNotIn("nothing changed", proc.stdout)
+        self.assertFailsWith(proc, 1, "CXX=/nonexistent")
+        self.assertEqual(self.dist_and_stamp(), before)
+        proc = self.dynapatch("build", "--no-venv", "--base-wheel", str(self.tmp / "absent.whl"))
         self.assertFailsWith(proc, 1, "absent.whl does not exist")
         self.assertEqual(self.dist_and_stamp(), before)
 
@@ -268,29 +510,33 @@ class PythonTagTest(ProjectCopyTestCase):
         self.assertEqual(load_base(project).python_tag, "cp311")  # the default: the first block
         for tag in ("cp312", "cp313"):
             spec = load_base(project, python_tag=tag)
-            wheel = f"torch-2.13.0-{tag}-{tag}-manylinux_2_28_x86_64.whl"
-            self.assertEqual((spec.variant, spec.wheel), ("cuda", wheel))
+            self.assertEqual(spec.python_tag, tag)
+            self.assertEqual(spec.wheel, f"torch-{spec.version}-{tag}-{tag}-manylinux_2_28_x86_64.whl")
             self.assertTrue(wheel_mod.patched_wheel_name(spec).endswith(f"-{tag}-{tag}-manylinux_2_28_x86_64.whl"))
-        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--variant", "cpu")
-        self.assertFailsWith(proc, 1, f"no variant 'cpu' for {self.other.tag}", f"cuda {self.other.tag}")
+        pinned = [s.variant for s in base_variants(project) if s.python_tag == self.other.tag]
+        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--variant", "rocm")
+        self.assertFailsWith(proc, 1, f"no variant 'rocm' for {self.other.tag}", f"{pinned[0]} {self.other.tag}")
 
     def test_stamps_and_venvs_are_per_python(self):
-        default = self.fake_build("cp311", "cpu")
-        other = self.fake_build(self.other.tag, "cuda")
+        project = Project.at(self.project)
+        default_spec, other_spec = load_base(project, python_tag="cp311"), load_base(project, python_tag=self.other.tag)
+        default = self.fake_build("cp311", default_spec.variant)
+        other = self.fake_build(self.other.tag, other_spec.variant)
         self.assertEqual(default.name, "wheel.stamp")
         self.assertEqual(other.name, f"wheel-{self.other.tag}.stamp")
         before = self.dist_and_stamp(), other.read_bytes()
         # Each Python's last build is current: a no-op that names its Python.
         proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, env={"CXX": "/nonexistent"})
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("nothing changed since the last build: dist/torch-2.13.0+cu130.", proc.stdout)
-        self.assertIn(f"cuda variant, {self.other.tag})", proc.stdout)
+        self.assertIn(f"nothing changed since the last build: dist/torch-{other_spec.public_version}"
+                      f"+{other_spec.label}.", proc.stdout)
+        self.assertIn(f"{other_spec.variant} variant, {self.other.tag})", proc.stdout)
         proc = self.dynapatch("build", "--no-venv", env={"CXX": "/nonexistent"})
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("cpu variant, cp311)", proc.stdout)
+        self.assertIn(f"{default_spec.variant} variant, cp311)", proc.stdout)
         # A change rebuilds; a failed build for one Python leaves both Pythons' wheels and stamps.
         (self.project / "csrc" / "guard_accel.cpp").write_text("// edited\n")
-        proc = self.dynapatch("build", "--no-venv", "--variant", "cpu", env={"CXX": "/nonexistent"})
+        proc = self.dynapatch("build", "--no-venv", "--variant", default_spec.variant, env={"CXX": "/nonexistent"})
         self.assertFailsWith(proc, 1, "CXX=/nonexistent")
         self.assertEqual((self.dist_and_stamp(), other.read_bytes()), before)
         self.assertEqual(len(list((self.project / "dist").glob("*.whl"))), 2)
@@ -299,11 +545,11 @@ class PythonTagTest(ProjectCopyTestCase):
         self.assertEqual(dynapatch_mod.venv_dir(Project.at(self.project), "cp311").name, ".venv")
 
     def test_base_wheel_of_another_python_refused(self):
-        cpu = CACHE / "base" / load_base(Project.at(ROOT), "cpu").wheel
-        if not cpu.is_file():
-            self.skipTest(f"{cpu} not cached")
-        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--base-wheel", str(cpu))
-        self.assertFailsWith(proc, 1, f"{cpu.name} is a cp311 wheel", f"is Python {self.other.version} "
+        cp311 = CACHE / "base" / load_base(Project.at(ROOT), python_tag="cp311").wheel
+        if not cp311.is_file():
+            self.skipTest(f"{cp311} not cached")
+        proc = self.dynapatch("build", "--no-venv", "--python", self.other.executable, "--base-wheel", str(cp311))
+        self.assertFailsWith(proc, 1, f"{cp311.name} is a cp311 wheel", f"is Python {self.other.version} "
                              f"({self.other.tag})")
 
     def test_unknown_interpreter_refused(self):
@@ -356,9 +602,12 @@ class CommandLineTest(unittest.TestCase):
                               text=True, capture_output=True)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertRegex(proc.stdout, r"^dynapatch\.py ([0-9a-f]{40}(\+dirty)?|unknown.*)\n")
-        self.assertIn("base torch 2.13.0: cpu cp311 (torch-2.13.0+cpu-", proc.stdout)
-        self.assertIn("cuda cp311 (torch-2.13.0-cp311", proc.stdout)
-        self.assertIn("cuda cp312 (torch-2.13.0-cp312", proc.stdout)
+        specs = base_variants(Project.at(ROOT))
+        self.assertIn(f"base torch {specs[0].public_version}: {specs[0].variant} {specs[0].python_tag} "
+                      f"({specs[0].wheel})", proc.stdout)
+        for spec in specs:
+            self.assertIn(f"{spec.variant} {spec.python_tag} ({spec.wheel})", proc.stdout)
+        self.assertIn(f"a CPU build ({specs[0].public_version}+cpu) through build --base-wheel F", proc.stdout)
         self.assertIn(load_base(Project.at(ROOT)).patched_version, proc.stdout)
 
 
@@ -412,8 +661,9 @@ class DevtreeTest(ProjectCopyTestCase):
     def test_edit_and_new_file_are_exported(self):
         devtree = self.tmp / "devtree"
         self.assertEqual(self.dynapatch("devtree", "--dir", str(devtree)).returncode, 0)
-        target = devtree / "torch/_dynamo/variables/optimizer.py"
-        target.write_text(target.read_text().replace("# Note: this allows us", "# Note: this lets us", 1))
+        hunk, line = context_line(self.patch)  # a line of the file once: its edit is the new patch's one change
+        target = devtree / hunk.file
+        target.write_text(replace_line(target.read_text(), line, line + "  # reworded"))
         (devtree / "torch/_dynamo/new_module.py").write_text("VALUE = 1\n")
         git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
         subprocess.run([*git, "add", "-A"], cwd=devtree, check=True)
@@ -424,7 +674,7 @@ class DevtreeTest(ProjectCopyTestCase):
         self.assertEqual(self.dynapatch("refresh", "--dir", str(devtree)).returncode, 0)
         last = sorted((self.project / "patches").glob("*.patch"))[-1]
         text = last.read_text()
-        self.assertIn("+        # Note: this lets us", text)
+        self.assertIn(f"\n+{line}  # reworded\n", text)
         self.assertIn("Overlay-File: torch/_dynamo/new_module.py", text)
         self.assertEqual((self.project / "torch_overlay/torch/_dynamo/new_module.py").read_text(), "VALUE = 1\n")
         proc = self.dynapatch("check")
@@ -440,10 +690,9 @@ class DevtreeTest(ProjectCopyTestCase):
 class ApplyTest(ProjectCopyTestCase):
     def make_target(self):
         # The cache may also hold other releases' sources (rebase-check).
-        pristine = CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
         target = self.tmp / "site-packages"
-        shutil.copytree(pristine / "torch", target / "torch")
-        info = target / "torch-2.13.0+cpu.dist-info"
+        shutil.copytree(pristine_tree() / "torch", target / "torch")
+        info = target / f"torch-{load_base(Project.at(ROOT)).version}.dist-info"
         info.mkdir()
         lines = [f"{p.relative_to(target)},sha256=x,1" for p in sorted((target / "torch").rglob("*.py"))]
         (info / "RECORD").write_text("\n".join(lines) + f"\n{info.name}/RECORD,,\n")
@@ -458,9 +707,10 @@ class ApplyTest(ProjectCopyTestCase):
         proc = self.dynapatch("apply", "--target", str(target))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         patched = self.snapshot(target)
-        self.assertIn('if name == "_init_group":', patched["torch/_dynamo/variables/optimizer.py"].decode())
+        hunk, added = changed_line(self.patch, "+")
+        self.assertIn(f"\n{added}\n", patched[hunk.file].decode())
         # The files apply added are in torch's RECORD, so pip uninstall torch removes them.
-        record = (target / "torch-2.13.0+cpu.dist-info/RECORD").read_text()
+        record = next(target.glob("torch-*.dist-info/RECORD")).read_text()
         self.assertIn("torch/_dynamo/guard_explainer.py,sha256=", record)
         proc = self.dynapatch("apply", "--target", str(target))
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -494,8 +744,9 @@ class ApplyTest(ProjectCopyTestCase):
 
     def test_a_failing_patch_leaves_the_target_untouched(self):
         target = self.make_target()
-        optimizer = target / "torch/_dynamo/variables/optimizer.py"
-        optimizer.write_text(optimizer.read_text().replace(" # which will directly inline\n", " # edited\n", 1))
+        hunk, line = context_line(self.patch)
+        changed = target / hunk.file
+        changed.write_text(replace_line(changed.read_text(), line, line + "  # edited"))
         before = self.snapshot(target)
         self.assertFailsWith(self.dynapatch("apply", "--target", str(target)), 2, self.patch.name)
         self.assertEqual(self.snapshot(target), before)
@@ -503,7 +754,8 @@ class ApplyTest(ProjectCopyTestCase):
     def test_apply_refuses_other_torch_version(self):
         target = self.make_target()
         version = target / "torch/version.py"
-        version.write_text(version.read_text().replace("'2.13.0+cpu'", "'2.12.0+cpu'"))
+        spec = load_base(Project.at(ROOT))
+        version.write_text(version.read_text().replace(f"'{spec.base_torch_version}'", "'2.12.0+cpu'"))
         self.assertFailsWith(self.dynapatch("apply", "--target", str(target)), 1, "torch 2.12.0+cpu")
 
 

@@ -20,6 +20,12 @@ class TracedThroughVerdictTest(unittest.TestCase):
     def setUpClass(cls):
         cls.cli = load_script()
 
+    @unittest.skip(
+        "torch 2.15.0: init_once/5061 no longer fails (the compiled step graph-breaks and "
+        "raises as eager does); the only generated program found failing both ways, "
+        "init_once/5226, is a dict key order mismatch still to be explained "
+        "(docs/rebase-2.15.0.md), not a program to pin a verdict on"
+    )
     def test_program_that_raises_mid_step_fails_traced_through_too(self):
         # init_once/5061 replaces a parameter's .data by another shape, so the step raises
         # after eager updated the first parameter; the compiled step raises at trace time

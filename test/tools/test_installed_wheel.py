@@ -1,5 +1,6 @@
 """The torch installed in .venv is the custom wheel built from this checkout, and says so."""
 
+import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from dplib.base import load_base  # noqa: E402
+from dplib.base import base_variants, load_base, unpinned_version  # noqa: E402
 from dplib.common import Project  # noqa: E402
 from dplib.series import load_series, series_digest  # noqa: E402
 
@@ -18,10 +19,24 @@ from dplib.series import load_series, series_digest  # noqa: E402
 PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
+def installed_base(project):
+    """The base the installed wheel was built from: its BASE block, or (a CPU build given to build by
+    --base-wheel, no block) the release's CPU version with the file and sha256 the wheel records."""
+    variant = torch.version.dynapatch_variant
+    if any(s.variant == variant and s.python_tag == PYTHON_TAG for s in base_variants(project)):
+        return load_base(project, variant, PYTHON_TAG)
+    from torch._dynamo import dynapatch
+
+    version = unpinned_version(project)
+    return dataclasses.replace(load_base(project, python_tag=PYTHON_TAG), version=version, torch_version=version,
+                               variant=variant, label=version.split("+")[1], wheel=dynapatch.RECORD["base_wheel"],
+                               sha256=dynapatch.RECORD["base_sha256"], pinned=False)
+
+
 class InstalledWheelTest(unittest.TestCase):
     def test_version_label_and_series_hash(self):
         project = Project.at(ROOT)
-        spec = load_base(project, torch.version.dynapatch_variant, PYTHON_TAG)
+        spec = installed_base(project)
         self.assertEqual(torch.__version__, spec.patched_version)
         self.assertEqual(torch.version.dynapatch_base, spec.version)
         self.assertEqual(torch.version.dynapatch_series, series_digest(project, load_series(project)))
@@ -31,12 +46,13 @@ class InstalledWheelTest(unittest.TestCase):
 
         project = Project.at(ROOT)
         patches = load_series(project)
-        spec = load_base(project, torch.version.dynapatch_variant, PYTHON_TAG)
+        spec = installed_base(project)
         record = dynapatch.RECORD
         self.assertEqual(record["patches"], [{"name": p.name, "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest()}
                                              for p in patches])
         self.assertEqual((record["version"], record["variant"], record["base_sha256"], record["series_sha256"]),
                          (torch.__version__, spec.variant, spec.sha256, torch.version.dynapatch_series))
+        self.assertEqual(record.get("base_pinned", True), spec.pinned)
         self.assertRegex(record["commit"], r"^([0-9a-f]{40}(\+dirty)?|unknown.*)$")
         proc = subprocess.run([sys.executable, "-W", "error", "-m", "torch._dynamo.dynapatch"],
                               capture_output=True, text=True, cwd=ROOT / "test")

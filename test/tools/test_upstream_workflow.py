@@ -1,18 +1,24 @@
 """export-prs, rebase-check and patches/<version>/ overrides, on temporary copies of the project."""
 
+import re
 import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
-from test_dynapatch_cli import CACHE, ProjectCopyTestCase, ROOT, WHEEL_TAGS  # also puts scripts/ on sys.path
+from test_dynapatch_cli import (  # also puts scripts/ on sys.path
+    changed_line,
+    context_line,
+    hunks,
+    pristine_tree,
+    ProjectCopyTestCase,
+    replace_line,
+    ROOT,
+    WHEEL_TAGS,
+)
 
 from dplib.base import load_base
 from dplib.common import Project
-
-
-def pristine_tree() -> Path:
-    return CACHE / f"pristine-{load_base(Project.at(ROOT)).sha256[:16]}"
 
 
 def tree_files(root: Path) -> dict[str, bytes]:
@@ -45,7 +51,7 @@ class ExportPrsTest(ProjectCopyTestCase):
         shutil.copytree(pristine_tree() / "torch", repo / "torch")
         self.git("init", "-q", cwd=repo)
         self.git("add", "-A", cwd=repo)
-        self.git("commit", "-q", "-m", "v2.13.0", cwd=repo)
+        self.git("commit", "-q", "-m", f"v{load_base(Project.at(ROOT)).public_version}", cwd=repo)
         # Files of pytorch's tree the wheel lacks (upstream tests, build lists) are not in this repo.
         excludes = ["--exclude=build_variables.bzl"] + [
             f"--exclude={line.split()[2][2:]}" for d in (self.project / "patches/pr-extra").glob("*.diff")
@@ -72,8 +78,10 @@ class ExportPrsTest(ProjectCopyTestCase):
         """export-prs --verify on the first PR, with a small test file in place of its own: it runs from
         the git-am'd tree against a venv holding that tree's files (two cases check that), and its
         failing case fails the PR. (The full run over every PR takes about 35 minutes, see docs/toolchain.md.)"""
+        hunk, added = changed_line(self.patch, "+")  # the fixture looks for a line the first PR adds
+        fixture = AM_FIXTURE.replace("MODULE", hunk.file[:-3].replace("/", ".")).replace("ADDED", repr(added))
         (self.project / "test/dynamo/test_am_fixture.py").write_text(
-            AM_FIXTURE + "\n\ndef test_fails_on_purpose():\n    assert False\n")
+            fixture + "\n\ndef test_fails_on_purpose():\n    assert False\n")
         self.patch.write_text(self.patch.read_text().replace(
             "Tests: test/dynamo/test_optimizer_variable.py", "Tests: test/dynamo/test_am_fixture.py", 1))
         proc = self.dynapatch("export-prs", str(self.tmp / "prs"), "--verify", "--patch", "0001")
@@ -92,7 +100,8 @@ class ExportPrsTest(ProjectCopyTestCase):
         last = sorted(out.glob("*.patch"))[-1].read_text()
         message = last.split("\n---\n", 1)[0]
         self.assertIn("Test plan:\n    python test/dynamo/test_", message)
-        self.assertIn("Stack (oldest first; apply in this order onto v2.13.0):", message)
+        base = load_base(Project.at(ROOT)).public_version
+        self.assertIn(f"Stack (oldest first; apply in this order onto v{base}):", message)
         self.assertIn("(this PR)", message)
         self.assertIn("Depends on:", message)
         self.assertNotIn("Upstream-Status:", message)
@@ -119,10 +128,10 @@ def test_runs_from_the_amd_tree_against_its_installed_files():
 
 
 def test_prefix_is_installed():
-    from torch._dynamo.variables import optimizer
+    import importlib
 
-    with open(optimizer.__file__) as f:
-        assert "self.static_tensors = static_tensors or {}" in f.read()
+    with open(importlib.import_module("MODULE").__file__) as f:
+        assert "\\n" + ADDED + "\\n" in f.read()
 '''
 
 
@@ -177,7 +186,8 @@ class PatchNameTest(ProjectCopyTestCase):
         """An override of the patch at `path` for a later release, identical but for a context line."""
         override = self.project / "patches/2.99.0" / path.name
         override.parent.mkdir(exist_ok=True)
-        override.write_text(path.read_text().replace(" # which will directly inline\n", " # which will inline\n", 1))
+        _, line = context_line(path)
+        override.write_text(replace_line(path.read_text(), f" {line}", f" {line}  # upstream"))
         return override
 
     def test_renumbered_patch_keeps_expected_changes_and_names_its_override(self):
@@ -228,95 +238,111 @@ class RebaseCheckTest(ProjectCopyTestCase):
         self.assertIn(f"| {self.patch.name} | clean |", proc.stdout)
 
     def test_context_change_merges_and_writes_the_refreshed_patch(self):
+        # A context line with no changed line next to it (an adjacent one would conflict).
+        hunk, line = context_line(self.patch, near=False)
+
         def edit(rel, text):
-            if rel == "torch/_dynamo/variables/optimizer.py":
-                # A context line two lines above the line the patch changes (an adjacent one would conflict).
-                return text.replace("# Note: this allows us to intercept", "# Note: this lets us intercept", 1)
-            return text
+            return replace_line(text, line, line + "  # upstream") if rel == hunk.file else text
         wheel = self.fake_release("2.99.0", edit)
         proc = self.rebase_check("2.99.0", wheel)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         # The hunk does not apply as it is; the three-way merge says a refresh changes its context.
         self.assertIn(f"| {self.patch.name} | merges | context of 1 of ", proc.stdout)
-        self.assertIn("torch/_dynamo/variables/optimizer.py @@ -150,7 +152,7 @@ (context only)", proc.stdout)
+        self.assertIn(f"{hunk.file} {hunk.header} (context only)", proc.stdout)
         self.assertIn("1 merges", proc.stdout)
         # The refreshed patch keeps the header and applies to the release's file exactly.
         refreshed = self.project / "build/rebase-2.99.0" / self.patch.name
         self.assertEqual(refreshed.read_text().split("\n---\n")[0], self.patch.read_text().split("\n---\n")[0])
         tree = self.tmp / "release"
         with zipfile.ZipFile(wheel) as zf:
-            zf.extract("torch/_dynamo/variables/optimizer.py", tree)
+            for rel in {h.file for h in hunks(self.patch)}:
+                zf.extract(rel, tree)
         applied = subprocess.run(["git", "apply", "--check", "--verbose", str(refreshed)], cwd=tree,
                                  text=True, capture_output=True, env={"GIT_CEILING_DIRECTORIES": str(self.tmp)})
         self.assertEqual(applied.returncode, 0, applied.stderr)
         self.assertNotIn("offset", applied.stdout + applied.stderr)
 
     def test_conflict_names_regions_and_later_patches_are_still_checked(self):
-        # Upstream rewrites the line patch 0001 changes.
+        # Upstream rewrites a line the first patch changes.
+        hunk, removed = changed_line(self.patch, "-")
+        rewritten = removed + "  # upstream"
+
         def edit(rel, text):
-            if rel == "torch/_dynamo/variables/optimizer.py":
-                return text.replace('if name in ("_init_group"):', 'if name in ("_init_group",):', 1)
-            return text
+            return replace_line(text, removed, rewritten) if rel == hunk.file else text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertFailsWith(proc, 2, self.patch.name, "1 conflict")
         self.assertRegex(proc.stdout, rf"\| {self.patch.name} \| conflict \| 1 conflicts: "
-                                      r"torch/_dynamo/variables/optimizer.py:\d+-\d+ \|")
+                                      rf"{re.escape(hunk.file)}:\d+-\d+ \|")
         self.assertIn("(changed lines differ)", proc.stdout)
         conflicts = (self.project / "build/rebase-2.99.0" / self.patch.name).with_suffix(".conflicts").read_text()
-        self.assertIn('if name in ("_init_group",):', conflicts)
+        self.assertIn(rewritten, conflicts)
         self.assertIn("(pinned base)", conflicts)
-        # The next patch of optimizer.py is checked against the merged file, not left blocked.
-        later = self.number("optimizer-capturable-where-declared")
-        self.assertRegex(proc.stdout, rf"\| {later}-\S+ \| clean \|")
+        # The next patch of that file is checked against the merged file, not left blocked.
+        later = next(p for p in sorted((self.project / "patches").glob("*.patch"))[1:]
+                     if hunk.file in {h.file for h in hunks(p)})
+        self.assertRegex(proc.stdout, rf"\| {later.name} \| clean \|")
         self.assertNotIn("blocked", proc.stdout)
 
     def test_change_the_release_already_has_drops_out(self):
         # The release carries the patch's own change (a backport): the refresh drops it.
         patched = self.tmp / "patched"
-        rel = "torch/_dynamo/variables/optimizer.py"  # the one file patch 0001 changes
-        (patched / rel).parent.mkdir(parents=True)
-        shutil.copyfile(pristine_tree() / rel, patched / rel)
+        files = {h.file for h in hunks(self.patch)}  # the files the first patch changes
+        for rel in files:
+            (patched / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(pristine_tree() / rel, patched / rel)
         applied = subprocess.run(["git", "apply", str(self.patch)], cwd=patched, text=True, capture_output=True,
                                  env={"GIT_CEILING_DIRECTORIES": str(self.tmp)})
         self.assertEqual(applied.returncode, 0, applied.stderr)
 
         def edit(rel, text):
-            return (patched / rel).read_text() if rel == "torch/_dynamo/variables/optimizer.py" else text
+            return (patched / rel).read_text() if rel in files else text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertRegex(proc.stdout, rf"\| {self.patch.name} \| merges \| (\d+) of its \1 \+/- lines drop out")
 
     def test_offsets_are_reported_and_accepted(self):
+        first = hunks(self.patch)
+        moved = [h for h in first if h.file == first[0].file]  # the hunks of the first patch's first file
+
         def edit(rel, text):
-            return "# moved\n# down\n" + text if rel == "torch/_dynamo/variables/optimizer.py" else text
+            return "# moved\n# down\n" + text if rel == first[0].file else text
         proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", edit))
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn(f"| {self.patch.name} | offsets | line numbers of 8 hunks | "
-                      f"torch/_dynamo/variables/optimizer.py @@ -89,7 +89,7 @@: "
-                      f"offset 2 lines", proc.stdout)
+        self.assertIn(f"| {self.patch.name} | offsets | line numbers of {len(moved)} hunks | "
+                      f"{first[0].file} {first[0].header}: offset 2 lines", proc.stdout)
 
     def test_file_missing_in_the_release(self):
-        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", drop=["torch/optim/lr_scheduler.py"]))
+        # The first file of a patch that no earlier patch changes.
+        patches = sorted((self.project / "patches").glob("*.patch"))
+        seen, patch, rel = set(), None, None
+        for p in patches:
+            files = [h.file for h in hunks(p)]
+            if files and files[0] not in seen and patch is None:
+                patch, rel = p, files[0]
+            seen.update(files)
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", drop=[rel]))
         self.assertFailsWith(proc, 2)
-        patch = self.number("lr-scheduler-wraps-compiled-step")
-        self.assertRegex(proc.stdout, rf"\| {patch}-\S+ \| conflict \| not possible \| "
-                                      r"torch/optim/lr_scheduler.py does not exist in the target \|")
+        self.assertRegex(proc.stdout, rf"\| {re.escape(patch.name)} \| conflict \| not possible \| "
+                                      rf"{re.escape(rel)} does not exist in the target \|")
         self.assertNotIn("Traceback", proc.stderr)
 
     def test_overlay_collision(self):
-        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", extra=["torch/_dynamo/init_once.py"]))
+        overlay = next(line.split(": ", 1)[1] for p in sorted((self.project / "patches").glob("*.patch"))
+                       for line in p.read_text().splitlines() if line.startswith("Overlay-File: "))
+        proc = self.rebase_check("2.99.0", self.fake_release("2.99.0", extra=[overlay]))
         self.assertFailsWith(proc, 2)
-        self.assertIn("overlay file torch/_dynamo/init_once.py collides with a file of the target", proc.stdout)
+        self.assertIn(f"overlay file {overlay} collides with a file of the target", proc.stdout)
 
     def test_override_makes_series_apply_and_check_validates_it(self):
+        # Upstream changes a line next to one the patch changes; the override carries that line.
+        hunk, line = context_line(self.patch, near=True)
+
         def edit(rel, text):
-            if rel == "torch/_dynamo/variables/optimizer.py":
-                return text.replace("# which will directly inline\n", "# which will inline\n", 1)
-            return text
+            return replace_line(text, line, line + "  # upstream") if rel == hunk.file else text
         wheel = self.fake_release("2.99.0", edit)
         override = self.project / "patches/2.99.0" / self.patch.name
         override.parent.mkdir()
         original = self.patch.read_text()
-        override.write_text(original.replace(" # which will directly inline\n", " # which will inline\n", 1))
+        override.write_text(replace_line(original, f" {line}", f" {line}  # upstream"))
         # An override is the same patch: other subjects or files are refused.
         self.assertEqual(self.dynapatch("check").returncode, 0)
         proc = self.rebase_check("2.99.0", wheel)
@@ -336,7 +362,7 @@ class RebaseCheckTest(ProjectCopyTestCase):
                              f"rename it to patches/2.99.0/{self.patch.name}")
 
     def test_shipped_overrides_are_for_releases_other_than_the_base(self):
-        self.assertFalse((ROOT / "patches/2.13.0").exists())
+        self.assertFalse((ROOT / "patches" / load_base(Project.at(ROOT)).public_version).exists())
 
 
 FIXTURE_TESTS = {

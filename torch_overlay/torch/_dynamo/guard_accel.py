@@ -322,7 +322,7 @@ class TensorContainerPlan:
                     if (
                         match_on_id_for_tensor(tensor_guard)
                         or source not in output_graph.input_source_to_sizes_strides
-                        or not supported_tensor(value)
+                        or not supported_tensor(value, output_graph.compile_on_one_rank)
                         or (config._unsafe_skip_fsdp_module_guards and tensor_guard.is_fsdp_module())
                     ):
                         continue
@@ -648,6 +648,10 @@ def plan_tensor_containers(
     output_graph = builder.check_fn_manager.output_graph
     if output_graph is None or output_graph.export:
         return None  # export keeps Python guard code for every tensor
+    if builder.check_fn_manager.guard_build_local_state is not None:
+        # Rebuilt from a saved package: TENSOR_MATCH computes dispatch keys from the
+        # saved local state, the native records from the live tensors and TLS.
+        return None
     min_size = max(config.tensor_container_guard_min_size, 2)
     # ID_MATCH too: torch.optim's step guards its tensors by identity only.
     if sum(1 for g in guards if g.create_fn_name() in ("TENSOR_MATCH", "ID_MATCH")) < min_size:
@@ -693,7 +697,7 @@ def _plan_flat(builder: GuardBuilder, guards: list[Guard], min_size: int) -> lis
         if located is None:
             continue
         base, kind, locator, key = located
-        if not supported_tensor(builder.get(source)):
+        if not supported_tensor(builder.get(source), output_graph.compile_on_one_rank):
             continue
         container = containers.get(base.name)
         if container is None:
@@ -719,11 +723,17 @@ def _plan_flat(builder: GuardBuilder, guards: list[Guard], min_size: int) -> lis
     return chosen
 
 
-def supported_tensor(value: Any) -> bool:
-    """A tensor whose TENSOR_MATCH and dimension-marking guards a record can replace."""
+def supported_tensor(value: Any, compile_on_one_rank: bool = False) -> bool:
+    """A tensor whose TENSOR_MATCH and dimension-marking guards a record can replace.
+
+    Not an accelerator tensor under compile_on_one_rank: its TENSOR_MATCH accepts the
+    current device index, while a record checks the recorded one."""
+    from .guards import _guard_device_index_is_current
+
     attrs = extension().MARK_ATTRS
     return (
         type(value) in TENSOR_TYPES
+        and not _guard_device_index_is_current(value, compile_on_one_rank)
         and value.layout == torch.strided
         and not value.is_nested
         and not hasattr(value, UNBACKED_MARK)
@@ -1072,7 +1082,7 @@ def _plan_nested(
             continue
         if config._unsafe_skip_fsdp_module_guards and guard.is_fsdp_module():
             continue
-        if not supported_tensor(builder.get(source)):
+        if not supported_tensor(builder.get(source), output_graph.compile_on_one_rank):
             continue
         outer = inner.base
         outer_value = builder.get(outer)

@@ -185,9 +185,33 @@ def guard_leaves(guard_manager: Any) -> list[GuardLeaf]:
     return out
 
 
+def _strip_type_wrappers(path: str) -> str:
+    """type(self).__mro__[1].f -> self, dict(type(self).__dict__) -> self: a guard on
+    an object's class (its __dict__, __mro__, ...) belongs to the object."""
+    while (match := re.match(r"(type|dict)\(", path)) is not None:
+        depth = 0
+        for end in range(match.end() - 1, len(path)):
+            if path[end] == "(":
+                depth += 1
+            elif path[end] == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+        else:
+            return path
+        inner = path[match.end() : end]
+        if match.group(1) == "dict":
+            if not inner.endswith(".__dict__"):
+                return path
+            inner = inner[: -len(".__dict__")]
+        path = inner
+    return path
+
+
 def user_object(source: str) -> str:
     """The user-level object a guard source belongs to: L['self'].__dict__['_modules']
     ['layer']._parameters['weight'] -> self.layer; L['xs'][3] -> xs."""
+    source = _strip_type_wrappers(source)
     if source in ("", "L", "G"):
         return GLOBAL_STATE_GROUP
     if source.startswith("G["):

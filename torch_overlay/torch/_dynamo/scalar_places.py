@@ -300,7 +300,7 @@ def wrap_place(builder: VariableBuilder, value: Any) -> VariableTracker | None:
     from .guards import GuardBuilder
     from .variables.constant import ConstantVariable
 
-    if not enabled() or type(value) not in (int, float) or config._shapes_spec is not None:
+    if not enabled() or type(value) not in (int, float) or config._dynamic_shapes_spec is not None:
         return None
     tx = builder.tx
     record = places(tx).get(builder.source.name)

@@ -301,17 +301,17 @@ class FloatAsTensorVariable(VariableTracker):
         (value,) = _unsupported(InstructionTranslator.current_tx(), [self], f"{self} passed to a function")
         return value.as_proxy()
 
-    def bool_impl(self, tx: InstructionTranslatorBase) -> VariableTracker | None:
+    def nb_bool_impl(self, tx: InstructionTranslatorBase) -> VariableTracker:
         (value,) = _unsupported(tx, [self], f"truth value of {self}")
-        return value.bool_impl(tx)
+        return value.nb_bool_impl(tx)
 
     def hash_impl(self, tx: InstructionTranslatorBase) -> tuple[int, bool]:
         (value,) = _unsupported(tx, [self], f"hash of {self}")
         return value.hash_impl(tx)
 
-    def var_getattr(self, tx: InstructionTranslatorBase, name: str) -> VariableTracker:
+    def tp_getattro_impl(self, tx: InstructionTranslatorBase, name: str) -> VariableTracker:
         (value,) = _unsupported(tx, [self], f"attribute {name!r} of {self}")
-        return value.var_getattr(tx, name)
+        return value.tp_getattro_impl(tx, name)
 
     def call_method(
         self,
@@ -618,13 +618,21 @@ def _as_weight_tensors(tx: InstructionTranslatorBase, values: list[VariableTrack
 
 
 def _realize_floats(values: list[VariableTracker]) -> list[VariableTracker]:
-    """`values` with the floats read lazily built, to see how they are traced."""
+    """`values` with the floats read lazily built, to see how they are traced: also
+    the items of a list or tuple (a foreach op's ScalarList), which are realized in
+    place (a lazy constant, or one computed from lazy constants, is the same value)."""
     from .lazy import LazyVariableTracker
+    from .lists import ListVariable, TupleVariable
 
-    return [
-        v.realize() if isinstance(v, LazyVariableTracker) and (v.is_realized() or type(v.peek_value()) is float) else v
-        for v in values
-    ]
+    def realized(v: VariableTracker) -> VariableTracker:
+        if isinstance(v, LazyVariableTracker) and (v.is_realized() or type(v.peek_value()) is float):
+            return v.realize()
+        return v
+
+    for v in values:
+        if type(v) in (ListVariable, TupleVariable):
+            v.items[:] = [realized(item) for item in v.items]
+    return [realized(v) for v in values]
 
 
 def _kernel_scalar_call(

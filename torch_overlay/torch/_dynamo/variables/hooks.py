@@ -49,9 +49,9 @@ from ..exc import RestartAnalysis, unimplemented
 from ..guards import _get_closure_vars, GuardBuilder, install_guard
 from ..side_effects import HookLedgerEntry
 from ..source import AttrSource, Source
-from .base import ValueMutationNew, VariableTracker
+from .base import Method, ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
-from .dicts import ConstDictVariable, HashableTracker
+from .dicts import ConstDictVariable, HashableTracker, OrderedDictVariable
 from .user_defined import RemovableHandleVariable
 
 if TYPE_CHECKING:
@@ -161,6 +161,26 @@ class HookHandleVariable(RemovableHandleVariable):
         assert self.value is not None
         return hooks_dicts_of(self.value)
 
+    def remove(
+        self,
+        tx: "InstructionTranslatorBase",
+        args: list[VariableTracker],
+        kwargs: dict[str, VariableTracker],
+    ) -> VariableTracker | None:
+        if args or kwargs:
+            return None
+        if self.origin is HandleOrigin.INPUT:
+            return self._remove_input(tx)
+        if self.origin in (HandleOrigin.TRACED, HandleOrigin.BACKWARD_STATE):
+            # Registered after the graph, the registration is then cancelled.
+            self._restart_registration(tx, RESIDUAL, "handle removed")
+        if self.origin is HandleOrigin.RESIDUAL_MODULE:
+            return self._remove_module_hook(tx)
+        # RESIDUAL_TENSOR: upstream's removal (the ledger entry is cancelled).
+        return super().remove(tx, args, kwargs)
+
+    tp_methods = {**RemovableHandleVariable.tp_methods, "remove": Method(remove)}
+
     def call_method(
         self,
         tx: "InstructionTranslatorBase",
@@ -168,20 +188,11 @@ class HookHandleVariable(RemovableHandleVariable):
         args: list[VariableTracker],
         kwargs: dict[str, VariableTracker],
     ) -> VariableTracker:
-        if name == "remove" and not args and not kwargs:
-            if self.origin is HandleOrigin.INPUT:
-                return self._remove_input(tx)
-            if self.origin in (HandleOrigin.TRACED, HandleOrigin.BACKWARD_STATE):
-                # Registered after the graph, the registration is then cancelled.
-                self._restart_registration(tx, RESIDUAL, "handle removed")
-            if self.origin is HandleOrigin.RESIDUAL_MODULE:
-                return self._remove_module_hook(tx)
-            # RESIDUAL_TENSOR: upstream's removal (the ledger entry is cancelled).
-        elif self.origin is HandleOrigin.RESIDUAL_MODULE:
+        if self.origin is HandleOrigin.RESIDUAL_MODULE and name != "remove":
             refuse_module_handle_use(f"handle.{name}()")
         return super().call_method(tx, name, args, kwargs)
 
-    def var_getattr(
+    def tp_getattro_impl(
         self, tx: "InstructionTranslatorBase", name: str
     ) -> VariableTracker:
         if self.origin is HandleOrigin.RESIDUAL_MODULE:
@@ -189,7 +200,7 @@ class HookHandleVariable(RemovableHandleVariable):
                 return PendingHookIdVariable(self)
             if name != "remove":
                 refuse_module_handle_use(f"handle.{name}")
-        return super().var_getattr(tx, name)
+        return super().tp_getattro_impl(tx, name)
 
     def _remove_module_hook(self, tx: "InstructionTranslatorBase") -> VariableTracker:
         """Replayed after the registration, as in eager: the handle stays a real
@@ -435,7 +446,7 @@ def check_residual_registrations(
 BACKWARD_STATE_HOOKS = "tensor_hooks"
 
 
-class BackwardStateHooksVariable(ConstDictVariable):
+class BackwardStateHooksVariable(OrderedDictVariable):
     """The BackwardState's hooks dict, built by the residual code. Never a constant:
     asking a dict whether it is one realizes its values, and a hook read lazily (a
     closure's function) would then be guarded on which function it is, which
@@ -453,7 +464,7 @@ def add_backward_state_hook(
     backward_state = tx.output.backward_state
     hooks = backward_state.get(BACKWARD_STATE_HOOKS)
     if hooks is None:
-        hooks = BackwardStateHooksVariable({}, user_cls=collections.OrderedDict)
+        hooks = BackwardStateHooksVariable({})
         backward_state[BACKWARD_STATE_HOOKS] = hooks
     assert isinstance(hooks, BackwardStateHooksVariable)
     name = f"hook{len(hooks.items)}"
@@ -672,7 +683,7 @@ class PendingHookIdVariable(VariableTracker):
         # A trace-time hash: it must not reach the output (is_fake).
         return hash((PendingHookIdVariable, id(self.handle))), True
 
-    def richcompare_impl(
+    def tp_richcompare_impl(
         self, tx: "InstructionTranslatorBase", other: VariableTracker, op: str
     ) -> VariableTracker:
         if op in ("__eq__", "__ne__") and isinstance(other, PendingHookIdVariable):
@@ -700,7 +711,7 @@ def refuse_pending_id_use(id_var: VariableTracker, what: str) -> NoReturn:
 for _slot in [
     name
     for name in vars(VariableTracker)
-    if (name.endswith("_impl") or name in ("var_getattr", "call_method"))
+    if (name.endswith("_impl") or name == "call_method")
     and name not in vars(PendingHookIdVariable)
 ]:
     setattr(
@@ -708,7 +719,7 @@ for _slot in [
         _slot,
         lambda self, tx, *args, _slot=_slot, **kwargs: refuse_pending_id_use(
             # an attribute's or method's name, else the slot's
-            self, args[0] if _slot in ("var_getattr", "call_method") else _slot
+            self, args[0] if _slot in ("tp_getattro_impl", "call_method") else _slot
         ),
     )
 
@@ -828,7 +839,7 @@ def with_pending(
     hooks_vt: "ConstDictVariable",
 ) -> "ConstDictVariable":
     """The module's hook dict ``name`` as the program sees it at this point:
-    the real hooks (hooks_vt, as UnspecializedNNModuleVariable.var_getattr
+    the real hooks (hooks_vt, as UnspecializedNNModuleVariable.tp_getattro_impl
     builds it) and the registrations pending in this frame, keyed by their
     PendingHookIdVariable. It keeps the real dict's source: after the
     residual registrations that dict holds the same entries."""

@@ -307,7 +307,7 @@ class InitValuesOnceVariable(VariableTracker):
 
     Subclasses specialise the steps (OptimizerInitGroupVariable for torch.optim):
     ``_before_call``, ``_real_arguments``, ``_check_no_pending_mutations``,
-    ``_guard_arguments``, ``_install_guards``, ``_wrap_tensor`` and ``_after_call``.
+    ``_guard_arguments``, ``_install_guards``, ``_wrap_tensor``, ``_run`` and ``_after_call``.
     """
 
     def __init__(self, entry: InitValuesOnceFunction, fn_vt: VariableTracker, **kwargs: Any) -> None:
@@ -337,6 +337,10 @@ class InitValuesOnceVariable(VariableTracker):
 
     def _after_call(self, tx: InstructionTranslatorBase) -> None:
         pass
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The real call of the function."""
+        return self.entry.fn(*args, **kwargs)
 
     def _real_arguments(
         self,
@@ -380,7 +384,7 @@ class InitValuesOnceVariable(VariableTracker):
         call = self.entry.signature.bind_partial()
         call.arguments.update(real)
         try:
-            result = self.entry.fn(*call.args, **call.kwargs)
+            result = self._run(call.args, call.kwargs)
         except Exception as e:
             view.restore()
             raise InlineInstead(f"it raised {type(e).__name__}: {e}") from None
