@@ -67,7 +67,19 @@ from dplib.base import (
     unpinned_version,
     variant_of_wheel,
 )
-from dplib.common import die, DynapatchError, git, log, pip_quiet, Project, python_exe, run, sha256_file, step
+from dplib.common import (
+    die,
+    DynapatchError,
+    git,
+    log,
+    PINNED_TORCH_PIP_ENV,
+    pip_quiet,
+    Project,
+    python_exe,
+    run,
+    sha256_file,
+    step,
+)
 from dplib.ext import build_extension, check_toolchain
 from dplib.interp import Interpreter, resolve_interpreter
 from dplib.series import check_override_names, load_series, patched_sources, series_digest
@@ -308,10 +320,11 @@ def make_venv(project: Project, wheel: Path, wheel_sha: str, python: Interpreter
         if not py.exists():
             run([python.executable, "-m", "venv", venv])
             run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt", wheel],
-                quiet=True)
+                quiet=True, env=PINNED_TORCH_PIP_ENV)
         else:
             run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt"], quiet=True)
-            run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True)
+            run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True,
+                env=PINNED_TORCH_PIP_ENV)
         marker.write_text(wheel_sha + "\n")
         version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
     log(f"{venv.name} ready: torch {version}")

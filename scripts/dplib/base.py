@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from .common import DynapatchError, log, pip_quiet, Project, run, sha256_file
+from .common import DynapatchError, log, PINNED_TORCH_PIP_ENV, pip_quiet, Project, run, sha256_file
 
 # Text files of the torch package that patches may touch and devtree tracks.
 SOURCE_SUFFIXES = (".py", ".pyi", ".json")
@@ -274,7 +274,8 @@ def default_variant(project: Project, python: str = "python3", python_tag: str |
     with tempfile.TemporaryDirectory(prefix="dynapatch-resolve-") as tmp:
         report = Path(tmp) / "report.json"
         run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
-             "--only-binary=:all:", "--report", report, f"torch=={specs[0].public_version}"], capture=True)
+             "--only-binary=:all:", "--report", report, f"torch=={specs[0].public_version}"], capture=True,
+            env=PINNED_TORCH_PIP_ENV)
         items = json.loads(report.read_text()).get("install", [])
     if len(items) != 1:
         raise DynapatchError(f"pip resolves torch=={specs[0].public_version} to {len(items)} files")
@@ -286,8 +287,7 @@ def default_variant(project: Project, python: str = "python3", python_tag: str |
             return spec
     raise DynapatchError(
         f"pip download torch=={specs[0].public_version} gives {filename} (sha256 {digest}), which patches/BASE "
-        f"does not pin; choose one with --variant {'|'.join(s.variant for s in specs)} or --base-wheel F "
-        f"(a pip constraint file may cap torch: PIP_CONSTRAINT=/dev/null lifts it for one command)")
+        f"does not pin; choose one with --variant {'|'.join(s.variant for s in specs)} or --base-wheel F")
 
 
 def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = None, python: str = "python3") -> Path:
@@ -311,7 +311,8 @@ def fetch_base_wheel(project: Project, spec: BaseSpec, explicit: Path | None = N
             # pip's progress bar is the only progress of this (0.5 GB) step: kept on a terminal.
             quiet = [] if sys.stdout.isatty() else pip_quiet()
             run([python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *quiet,
-                 *_pip_env_args(index), "-d", tmp, f"torch=={spec.version}"], quiet=bool(quiet))
+                 *_pip_env_args(index), "-d", tmp, f"torch=={spec.version}"], quiet=bool(quiet),
+                env=PINNED_TORCH_PIP_ENV)
             wheels = list(Path(tmp).glob("torch-*.whl"))
             if len(wheels) == 1 and wheels[0].name == spec.wheel:
                 verify_base_wheel(spec, wheels[0])

@@ -98,6 +98,15 @@ def run(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
     return proc
 
 
+# The environment of every pip command that fetches or installs a torch this tool pins: the base
+# wheel (patches/BASE: version and sha256), the custom wheel built from it, the release
+# `rebase-check --to` names. A constraint file in the pip configuration (PIP_CONSTRAINT, or
+# `constraint` in pip.conf: some machines cap torch below the release) would make those
+# commands fail and cannot loosen an exact pin, so it is not applied to them; the
+# requirement files pin the other packages they install.
+PINNED_TORCH_PIP_ENV = {"PIP_CONSTRAINT": "/dev/null"}
+
+
 def pip_quiet() -> list[str]:
     """pip's own output only under -v."""
     return [] if VERBOSE else ["--quiet"]

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .base import BaseSpec, load_base, pristine_sources, wheel_version
-from .common import DynapatchError, log, Project, run, sha256_file
+from .common import DynapatchError, log, PINNED_TORCH_PIP_ENV, Project, run, sha256_file
 from .series import apply_to_target, check_header, OVERRIDE_DIR_RE, parse_patch, Patch, SERIES_INVALID
 
 
@@ -112,12 +112,10 @@ def fetch_release_wheel(project: Project, version: str, explicit: Path | None = 
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             try:
                 run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                     "-d", tmp, f"torch=={version}"])
+                     "-d", tmp, f"torch=={version}"], env=PINNED_TORCH_PIP_ENV)
             except DynapatchError as e:
-                # A pip configuration may pin torch below the release (a constraint file).
-                raise DynapatchError(f"{e}\npip could not download torch=={version}: if a pip constraint "
-                                     f"file caps torch, `PIP_CONSTRAINT=/dev/null` lifts it for one command; "
-                                     f"or download the wheel and pass --wheel F") from e
+                raise DynapatchError(f"{e}\npip could not download torch=={version}: "
+                                     f"download the wheel and pass --wheel F") from e
             wheels = list(Path(tmp).glob("torch-*.whl"))
             if len(wheels) != 1:
                 raise DynapatchError(f"pip download torch=={version} gave {wheels}")

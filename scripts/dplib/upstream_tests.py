@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import DynapatchError, log, Project, python_exe, run
+from .common import DynapatchError, log, PINNED_TORCH_PIP_ENV, Project, python_exe, run
 from .series import by_patch_name, load_series
 
 # Upstream files covering what the series touches: guards, recompiles, hooks,
@@ -57,7 +57,8 @@ def stock_venv(project: Project, base_wheel: Path, base_sha256: str) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         log(f"stock env: creating {venv} (base wheel + {requirements.name})")
         run(["python3", "-m", "venv", venv])
-        run([python_exe(venv), "-m", "pip", "install", "--quiet", "-r", requirements, base_wheel])
+        run([python_exe(venv), "-m", "pip", "install", "--quiet", "-r", requirements, base_wheel],
+            env=PINNED_TORCH_PIP_ENV)
         done.write_text(f"{base_sha256}\n")
     return venv
 

@@ -214,6 +214,24 @@ class BaseWheelTest(ProjectCopyTestCase):
             zf.writestr("torch/version.py", payload)
         return path
 
+    def test_pip_constraint_capping_torch_is_not_applied_to_the_pinned_base(self):
+        # Some machines' pip configuration caps torch below the release through a constraint
+        # file: check downloads the pinned base wheel into an empty cache all the same.
+        spec = load_base(Project.at(self.project))
+        constraint = self.tmp / "constraints.txt"
+        constraint.write_text(f"torch<{spec.public_version}\n")
+        env = {**os.environ, "PIP_CONSTRAINT": str(constraint)}
+        capped = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--only-binary=:all:",
+             f"torch=={spec.public_version}"], text=True, capture_output=True, env=env)
+        self.assertNotEqual(capped.returncode, 0, "the constraint does not cap torch for pip")
+        proc = subprocess.run(
+            [sys.executable, str(self.project / "scripts" / "dynapatch.py"), "--cache-dir", str(self.tmp / "cache"),
+             "check"], cwd=self.tmp, text=True, capture_output=True, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"{spec.wheel} (sha256 ok)", proc.stdout)
+        self.assertIn("check ok", proc.stdout)
+
     def test_wrong_version_refused(self):
         specs = base_variants(Project.at(self.project))
         pinned = " or ".join(dict.fromkeys(s.version for s in specs))
