@@ -910,6 +910,25 @@ class HookResidualsTests(HookResidualsTestCase):
             expected_breaks = expected_breaks[mode]
         self.check_matches_eager(fn, mode, expected_breaks, remove_first)
 
+    def test_autograd_grad_after_a_hook_registration(self):
+        # torch.autograd.grad in the frame (trace_autograd_ops off) asks whether a graph
+        # intermediate stays live across the break, walking the hooks the frame registered
+        # (the hook ledger): it crashed reading the field the ledger replaces. Now as
+        # without this patch (torch 2.15.0, measured): the same values, 2 frames.
+        def fn(x):
+            y = x * 2
+            h = y.register_hook(double)
+            (g,) = torch.autograd.grad(y.sum(), x)
+            h.remove()
+            return y.detach() + g, num_hooks(y)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt)
+        for _ in range(2):
+            x = torch.randn(2, 3, requires_grad=True)
+            self.assertEqual(compiled(x), fn(x))
+        self.assertEqual(cnt.frame_count, 2)
+
     def test_hook_returning_none_matches_eager(self):
         # A hook that only inspects the gradient of an intermediate returns None:
         # the gradient is unchanged. Under compiled autograd the hook is called
