@@ -317,17 +317,30 @@ def make_venv(project: Project, wheel: Path, wheel_sha: str, python: Interpreter
         return
     py = python_exe(venv)
     with step(f"{venv.name}: installing {wheel.name}" + ("" if py.exists() else " and requirements-test.txt")):
+        marker.unlink(missing_ok=True)  # written again once torch imports: a broken venv is never "ready"
         if not py.exists():
             run([python.executable, "-m", "venv", venv])
             run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt", wheel],
                 quiet=True, env=PINNED_TORCH_PIP_ENV)
         else:
-            run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt"], quiet=True)
-            run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True,
-                env=PINNED_TORCH_PIP_ENV)
-        marker.write_text(wheel_sha + "\n")
+            same_version = venv_torch_version(py) == wheel.name.split("-")[1]
+            # With the wheel's dependencies: another base (the release or variant the venv had before)
+            # has others, e.g. a CUDA build's nvidia-* libraries after a CPU build.
+            run([py, "-m", "pip", "install", *pip_quiet(), "-r", project.root / "requirements-test.txt", wheel],
+                quiet=True, env=PINNED_TORCH_PIP_ENV)
+            if same_version:  # the same version with other bytes: pip keeps an installed version
+                run([py, "-m", "pip", "install", *pip_quiet(), "--no-deps", "--force-reinstall", wheel], quiet=True,
+                    env=PINNED_TORCH_PIP_ENV)
         version = run([py, "-c", "import torch; print(torch.__version__)"], capture=True).stdout.strip()
+        marker.write_text(wheel_sha + "\n")
     log(f"{venv.name} ready: torch {version}")
+
+
+def venv_torch_version(py: Path) -> str | None:
+    """The version of the torch distribution installed in the venv of `py`, None without one."""
+    proc = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def wheel_is_current(project: Project, python_tag: str | None = None) -> bool:

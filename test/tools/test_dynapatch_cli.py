@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import dynapatch as dynapatch_mod  # noqa: E402
 from dplib import wheel as wheel_mod  # noqa: E402
 from dplib.base import base_variants, load_base  # noqa: E402
-from dplib.common import Project, sha256_file  # noqa: E402
+from dplib.common import DynapatchError, Project, sha256_file  # noqa: E402
 
 # Facts of the series and its base are read from the project's files at test time (never written
 # out here), so a rebase or a re-cut does not break these tests.
@@ -499,6 +500,59 @@ def other_python():
         if found.version != f"{sys.version_info[0]}.{sys.version_info[1]}":
             return found
     return None
+
+
+class VenvTest(ProjectCopyTestCase):
+    """build's venv step (make_venv) with small fabricated "torch" wheels and a local index: a wheel of
+    another base brings its own dependencies into an existing venv."""
+
+    def wheel(self, directory, name, version, requires=(), body=""):
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{name}-{version}-py3-none-any.whl"
+        info = f"{name}-{version}.dist-info"
+        metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+        files = {f"{name}/__init__.py": body + f"__version__ = {version!r}\n", f"{info}/METADATA": metadata,
+                 f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+        files[f"{info}/RECORD"] = "".join(f"{rel},,\n" for rel in files) + f"{info}/RECORD,,\n"
+        with zipfile.ZipFile(path, "w") as zf:
+            for rel, text in files.items():
+                zf.writestr(rel, text)
+        return path
+
+    def test_another_base_installs_its_dependencies_into_an_existing_venv(self):
+        (self.project / "requirements-test.txt").write_text("")  # no index needed
+        index = self.tmp / "index"
+        self.wheel(index, "dynapatch_fake_cuda_libs", "1.0")
+        old = self.wheel(self.tmp / "old", "torch", "2.0.0+cpu.dynapatch.1.g00000000")
+        new = self.wheel(self.tmp / "new", "torch", "2.1.0+cu1.dynapatch.1.g00000000",
+                         requires=["dynapatch_fake_cuda_libs"], body="import dynapatch_fake_cuda_libs\n")
+        project = Project.at(self.project)
+        python = dynapatch_mod.Interpreter(sys.executable, f"{sys.version_info[0]}.{sys.version_info[1]}")
+        venv = dynapatch_mod.venv_dir(project, python.tag)
+        env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
+        with unittest.mock.patch.dict(os.environ, env):
+            dynapatch_mod.make_venv(project, old, sha256_file(old), python)
+            self.assertEqual(dynapatch_mod.venv_torch_version(dynapatch_mod.python_exe(venv)),
+                             "2.0.0+cpu.dynapatch.1.g00000000")
+            # Without its dependency the new torch would not import (as a CUDA build without
+            # nvidia-* libraries): build installed it with --no-deps and marked the venv ready.
+            dynapatch_mod.make_venv(project, new, sha256_file(new), python)
+        py = dynapatch_mod.python_exe(venv)
+        proc = subprocess.run([py, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+        self.assertEqual((proc.returncode, proc.stdout.strip()), (0, "2.1.0+cu1.dynapatch.1.g00000000"), proc.stderr)
+        self.assertEqual((venv / "dynapatch-wheel.sha256").read_text().strip(), sha256_file(new))
+
+    def test_a_venv_where_torch_does_not_import_is_not_marked_ready(self):
+        (self.project / "requirements-test.txt").write_text("")
+        broken = self.wheel(self.tmp / "broken", "torch", "2.1.0+cpu.dynapatch.1.g00000000",
+                            body="raise ImportError('libcudnn.so.9: cannot open shared object file')\n")
+        project = Project.at(self.project)
+        python = dynapatch_mod.Interpreter(sys.executable, f"{sys.version_info[0]}.{sys.version_info[1]}")
+        with unittest.mock.patch.dict(os.environ, {"PIP_NO_INDEX": "1"}):
+            with self.assertRaises(DynapatchError):
+                dynapatch_mod.make_venv(project, broken, sha256_file(broken), python)
+        self.assertFalse((dynapatch_mod.venv_dir(project, python.tag) / "dynapatch-wheel.sha256").exists())
 
 
 class PythonTagTest(ProjectCopyTestCase):
