@@ -6,7 +6,7 @@ What a user pays once per process, before any step is cached: the CPU time
 `import torch`, so one-off imports made during the compile count. Sides, run
 alternately (never at once), --reps fresh processes each:
 
-  stock       unpatched torch 2.13.0 (--stock-python, or the stock env benchlib finds)
+  stock       unpatched torch (--stock-python, or the stock env benchlib finds)
   patched     the custom wheel (the python running this script, normally .venv/bin/python)
 
 Steps: sgd = SGD(momentum=0.9, foreach=True), adam = Adam(foreach=True),

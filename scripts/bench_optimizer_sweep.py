@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every pytorch-optimizer optimizer with a compiled step: stock torch 2.13 vs the custom wheel.
+"""Every pytorch-optimizer optimizer with a compiled step: stock torch vs the custom wheel.
 
 Issue 44 item 6. For each optimizer that pytorch-optimizer (4.1.0, requirements-bench.txt)
 registers (`get_supported_optimizers()`, built by `load_optimizer(name)`), the optimizer

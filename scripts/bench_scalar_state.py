@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scalar state in real training code: stock torch 2.13 vs the custom wheel, side by side.
+"""Scalar state in real training code: stock torch vs the custom wheel, side by side.
 
 Issue 13's benchmark. Each case is a short training loop of unmodified code: the
 optimizer (or the training step) is `torch.compile`d, everything else runs eagerly,

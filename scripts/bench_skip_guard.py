@@ -4,7 +4,7 @@
 Runs, side by side in one process, for N parameters (fresh grads every step, as with
 zero_grad(set_to_none=True)):
   (a) a plain (non torch.optim) momentum-SGD class, traced through by Dynamo
-      (config.init_values_once=False: what stock torch 2.13 does with it)
+      (config.init_values_once=False: what torch without the series does with it)
   (b) the same class with its _init_group decorated by init_values_once
   (c) torch.optim.SGD(foreach=True, momentum=0.9)
   (d) the floor: the same three foreach updates compiled as a function that is handed

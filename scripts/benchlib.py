@@ -1,7 +1,7 @@
 """The harness the scripts/bench_*.py benchmarks share.
 
 Each benchmark keeps its own cases and figures; what is common lives here:
-  * the two sides: unpatched torch 2.13.0 (`stock_python`: --stock-python, or the stock
+  * the two sides: unpatched torch of the custom wheel's base (`stock_python`: --stock-python, or the stock
     env `dynapatch.py upstream-tests` caches) and the custom wheel (the python running
     the script, normally .venv/bin/python), and their command-line options;
   * a worker: the same script (or a `-c` program) in a fresh process of either side,
@@ -39,37 +39,68 @@ cpu_s = time.process_time  # CPU seconds of the process: compiles, first steps
 # ------------------------------------------------------------------------- the sides
 
 
+def venv_torch_version(python: str | os.PathLike[str]) -> str | None:
+    """torch.__version__ of the venv of `python`, read from its torch/version.py (no import)."""
+    venv = Path(python).parent.parent
+    for version_py in sorted(venv.glob("lib/python3*/site-packages/torch/version.py")):
+        for line in version_py.read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("'\"")
+    return None
+
+
+def base_torch_version(patched: str | os.PathLike[str] = sys.executable) -> str | None:
+    """The torch version the custom wheel of `patched` was built from: 2.15.0+cu132 for
+    2.15.0+cu132.dynapatch.26.g1a2b3c4d (a stock torch's own version)."""
+    version = venv_torch_version(patched)
+    return version.split(".dynapatch.", 1)[0] if version else None
+
+
 def stock_python(explicit: str | os.PathLike[str] | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> str:
-    """The python of a venv with unpatched torch 2.13.0: `explicit`, or the stock env
-    `dynapatch.py upstream-tests` caches under `cache_dir`, /work/stock, /work/stockenv,
-    or that stock env under $DYNAPATCH_CACHE_DIR (default build/cache of /work/main,
-    then of this checkout)."""
+                 cache_dir: str | os.PathLike[str] | None = None,
+                 patched: str | os.PathLike[str] = sys.executable) -> str:
+    """The python of a venv with unpatched torch of the custom wheel's base: `explicit` (taken
+    as given: a before/after of two series passes an older custom wheel's), or the first of
+    the stock env `dynapatch.py upstream-tests` caches under `cache_dir`, /work/stock,
+    /work/stockenv, or that stock env under $DYNAPATCH_CACHE_DIR (default build/cache of
+    /work/main, then of this checkout) whose torch is that base; the others are skipped
+    with their versions named, so a stock env of another release is never compared."""
     if explicit:
+        print(f"stock side: {explicit} (torch {venv_torch_version(explicit)}, as given)", file=sys.stderr)
         return str(explicit)
+    base = base_torch_version(patched)
     caches = [os.environ.get("DYNAPATCH_CACHE_DIR", "/work/main/build/cache"), str(ROOT / "build" / "cache")]
     candidates = sorted(glob.glob(os.path.join(cache_dir, "stockenv-*", "bin", "python"))) if cache_dir else []
     candidates += ["/work/stock/bin/python", "/work/stockenv/bin/python"]
     for cache in caches:
         candidates += sorted(glob.glob(os.path.join(cache, "stockenv-*", "bin", "python")))
-    for c in candidates:
-        if os.path.exists(c):
+    skipped = []
+    for c in dict.fromkeys(candidates):
+        if not os.path.exists(c):
+            continue
+        version = venv_torch_version(c)
+        if version == base:
+            print(f"stock side: {c} (torch {version})", file=sys.stderr)
             return c
-    raise SystemExit("no stock venv found: pass --stock-python (a venv with unpatched torch 2.13.0)")
+        skipped.append(f"{c} (torch {version})")
+    raise SystemExit(f"no stock venv with torch {base} found (skipped: {', '.join(skipped) or 'none'}): "
+                     f"pass --stock-python")
 
 
 def add_side_args(parser: argparse.ArgumentParser, *, no_stock: bool = False) -> None:
     """--stock-python (and --no-stock, where a script can run the patched side alone)."""
     parser.add_argument("--stock-python", "--stock", dest="stock_python",
-                        help="python of a venv with unpatched torch 2.13.0 (default: the cached stock env)")
+                        help="python of a venv with unpatched torch "
+                        "(default: a cached stock env of the custom wheel's base)")
     if no_stock:
         parser.add_argument("--no-stock", action="store_true", help="patched side only")
 
 
 def sides(args: argparse.Namespace, patched: str | None = None) -> dict[str, str]:
     """{"stock": its python, "patched": `patched` or this python}; no stock with --no-stock."""
-    out = {} if getattr(args, "no_stock", False) else {"stock": stock_python(args.stock_python)}
-    out["patched"] = patched or sys.executable
+    patched = patched or sys.executable
+    out = {} if getattr(args, "no_stock", False) else {"stock": stock_python(args.stock_python, patched=patched)}
+    out["patched"] = patched
     for side, python in out.items():
         if not os.path.exists(python):
             raise SystemExit(f"{side} interpreter not found: {python}")

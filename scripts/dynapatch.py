@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dynapatch: a Dynamo patch series against torch 2.13.0, turned into a custom wheel.
+"""dynapatch: a Dynamo patch series against a torch release (patches/BASE), turned into a custom wheel.
 
 Subcommands:
   build    base wheel (cpu or cuda variant) -> apply patches/series (zero fuzz) + torch_overlay/

@@ -189,3 +189,37 @@ class BenchOptimizerSweepBranchFloorTest(unittest.TestCase):
                        "torch_dynamo_resume_in_step_at_601: ___stack3 == 1.559759255087556e-07",
                        "opt_step: len(opt.state[list(dict.keys(opt.state))[0]]['q']) == 1"):
             self.assertIsNone(self.floor(3, self.FIRST_CALL, pinned), pinned)
+
+
+class StockSideTest(unittest.TestCase):
+    """benchlib.stock_python finds a stock env of the custom wheel's base, never one of another
+    release (a machine keeps the stock env of the series it had before a rebase)."""
+
+    def venv(self, root: Path, name: str, version: str) -> Path:
+        site = root / name / "lib" / "python3.11" / "site-packages" / "torch"
+        site.mkdir(parents=True)
+        (site / "version.py").write_text(f"__version__ = '{version}'\ngit_version = 'x'\n")
+        python = root / name / "bin" / "python"
+        python.parent.mkdir()
+        python.write_text("")
+        return python
+
+    def test_the_stock_env_of_the_base_is_chosen(self):
+        import tempfile
+        sys.path.insert(0, str(SCRIPTS))
+        import benchlib
+
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            patched = self.venv(root, "custom", "2.15.0+cu132.dynapatch.26.g3f784c7a")
+            older = self.venv(root / "cache", "stockenv-0000", "2.13.0+cpu")
+            base = self.venv(root / "cache", "stockenv-1111", "2.15.0+cu132")
+            self.assertEqual(benchlib.base_torch_version(patched), "2.15.0+cu132")
+            self.assertEqual(benchlib.stock_python(None, root / "cache", patched=patched), str(base))
+            base.parent.parent.joinpath("lib/python3.11/site-packages/torch/version.py").unlink()
+            with self.assertRaises(SystemExit) as raised:
+                benchlib.stock_python(None, root / "cache", patched=patched)
+            self.assertIn("no stock venv with torch 2.15.0+cu132", str(raised.exception))
+            self.assertIn(f"{older} (torch 2.13.0+cpu)", str(raised.exception))
+            # Given explicitly, any interpreter is taken (a before/after of two series).
+            self.assertEqual(benchlib.stock_python(older, root / "cache", patched=patched), str(older))
