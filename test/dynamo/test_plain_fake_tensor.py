@@ -25,7 +25,7 @@ import torch._subclasses.meta_utils as meta_utils
 from torch._dynamo.source import LocalSource
 from torch._logging._internal import trace_log
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch._subclasses.meta_utils import MetaTensorDesc, MetaTensorDescriber
+from torch._subclasses.meta_utils import MetaStorageDesc, MetaTensorDesc, MetaTensorDescriber
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
     ShapeEnv,
@@ -78,7 +78,10 @@ def desc_fields(desc):
     """Every field of a description, nested descriptions included, in a comparable
     form. Objects a description holds but makes afresh each time (the view function
     of a sparse tensor's index tensors, functorch's interpreter stack) are compared by
-    kind; tensors by identity."""
+    kind; tensors by identity, the storage description's data (copy_data: the
+    described tensor itself) included: a dataclass's == compares it by value on
+    Python 3.13 (field by field, without 3.11/3.12's same-object shortcut), and a
+    fake tensor has no value to compare."""
     out = {}
     for field in dataclasses.fields(desc):
         value = getattr(desc, field.name)
@@ -86,6 +89,8 @@ def desc_fields(desc):
             value = desc_fields(value)
         elif isinstance(value, dict) and value and all(isinstance(v, MetaTensorDesc) for v in value.values()):
             value = {k: desc_fields(v) for k, v in value.items()}
+        elif isinstance(value, MetaStorageDesc):
+            value = {f.name: tensors_by_identity(getattr(value, f.name)) for f in dataclasses.fields(value)}
         elif field.name == "view_func":
             value = (type(value), getattr(getattr(value, "func", None), "__name__", None))
         elif field.name == "functorch_stack" and value is not None:
