@@ -1447,6 +1447,41 @@ class HandleRemovalTests(HookResidualsTestCase):
         self.assertEqual(cnt.frame_count, 1)
 
 
+    def test_removal_through_two_sources_is_one_replayed_removal(self):
+        # One handle kept on an attribute and in a list, removed through both:
+        # one tracked object, one mutation, replayed once after the graph by
+        # the side-effect replay handler (a second remove() is a no-op in eager).
+        def fn(m, x):
+            m.h.remove()
+            m.handles[0].remove()
+            return m.lin(x)
+
+        calls = []
+        remove = RemovableHandle.remove
+
+        def counting_remove(handle):
+            calls.append(handle)
+            return remove(handle)
+
+        cnt = CompileCounter()
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        m, ref_m = Holder(), Holder()
+        x = torch.randn(2, 3)
+        with mock.patch.object(RemovableHandle, "remove", counting_remove):
+            for _ in range(3):
+                for mod in (m, ref_m):
+                    mod.h = mod.lin.weight.register_hook(double)
+                    mod.handles = [mod.h]
+                calls.clear()
+                expected = fn(ref_m, x)
+                self.assertEqual(compiled(m, x), expected)
+                # eager's two calls, then the compiled frame's one
+                self.assertEqual(calls, [ref_m.h, ref_m.h, m.h])
+                self.assertEqual(num_hooks(m.lin.weight), 0)
+                self.assertEqual(num_hooks(ref_m.lin.weight), 0)
+        self.assertEqual(cnt.frame_count, 1)
+
+
 instantiate_parametrized_tests(HookResidualsTests)
 instantiate_parametrized_tests(ResidualHandleInputTests)
 instantiate_parametrized_tests(CompiledAutogradHandleTests)

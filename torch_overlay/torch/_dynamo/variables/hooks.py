@@ -8,8 +8,9 @@ in side_effects.py). Here every handle a frame creates or receives is one
 
 * ``INPUT``: a RemovableHandle created before the frame (kept on an attribute to
   remove before registering again, passed to a resume function). It is guarded
-  on its type; its ``remove()`` is replayed after the graph, see [Deferred
-  removals].
+  on its type and tracked as an existing object whose value ``remove()``
+  mutates; the removal is replayed after the graph by the side-effect replay
+  handler ``removable_handle_removal``, see [Deferred removals].
 * ``TRACED``: a hook on an intermediate traced into the graph as without this
   module (``register_hook_op``). Its handle has no runtime value.
 * ``RESIDUAL_TENSOR``: a hook on an intermediate where tracing it is not exact
@@ -24,11 +25,15 @@ in side_effects.py). Here every handle a frame creates or receives is one
   ``register_forward_pre_hook`` on a module with a source, registered after the
   graph by residual bytecode; see [Module hooks].
 
-Every registration and removal that residual bytecode replays is one entry of
-``SideEffects.hook_ledger`` (``HookLedgerEntry``: ``target.method(*args,
-**kwargs)``), in program order, emitted by one codegen
-(``SideEffects.codegen_hooks``). When a registration turns out not to be exact,
-the trace restarts with a decision for its call site in
+Every registration that residual bytecode replays, and the removal of a handle
+such a registration returns, is one entry of ``SideEffects.hook_ledger``
+(``HookLedgerEntry``: ``target.method(*args, **kwargs)``), in program order,
+emitted by one codegen (``SideEffects.codegen_hooks``): a registration's result
+is the handle every later use loads, so it is made before the graph's outputs
+are restored. The ledger holds no INPUT handle: removing one mutates an object
+that exists before the frame, which the side-effect replay handlers replay.
+When a registration turns out not to be exact, the trace restarts with a
+decision for its call site in
 ``SpeculationLog.hook_decisions`` (``RESIDUAL``: register the tensor hook
 after the graph; ``TRACE``: trace it into the graph; ``GRAPH_BREAK``: break the
 graph at the call, which then runs eagerly and later code is traced in the
@@ -47,9 +52,13 @@ from .. import graph_break_hints
 from ..bytecode_transformation import create_call_function
 from ..exc import RestartAnalysis, unimplemented
 from ..guards import _get_closure_vars, GuardBuilder, install_guard
-from ..side_effects import HookLedgerEntry
+from ..side_effects import (
+    HookLedgerEntry,
+    register_side_effect_replay_handler,
+    SideEffectReplayContext,
+)
 from ..source import AttrSource, Source
-from .base import Method, ValueMutationNew, VariableTracker
+from .base import Method, ValueMutationExisting, ValueMutationNew, VariableTracker
 from .constant import ConstantVariable
 from .dicts import ConstDictVariable, HashableTracker, OrderedDictVariable
 from .user_defined import RemovableHandleVariable
@@ -283,8 +292,9 @@ class HookHandleVariable(RemovableHandleVariable):
                     "its hooks in another function.",
                 ],
             )
-        if not any(e.handle is self for e in side_effects.hook_ledger):
-            side_effects.record_hook_call(HookLedgerEntry(self, self, "remove"))
+        # Replayed by removable_handle_removal; the handle's only mutation.
+        side_effects.mutation(self)
+        side_effects.has_handle_removal = True
         return ConstantVariable.create(None)
 
 
@@ -491,7 +501,7 @@ class BackwardStateHookHandle(RemovableHandle):
 # ---------------------------------------------------------------------------
 # Note [Deferred removals]
 # remove() of a handle from outside the frame (origin INPUT) is replayed after
-# the graph. Until then, code traced in the frame must not read the handle's
+# the graph (replay handler removable_handle_removal). Until then, code traced in the frame must not read the handle's
 # hooks dicts, or it sees (and runs) the removed hook. A tensor's or autograd
 # Node's hooks run in backward, outside the frame, but Module.__call__ reads the
 # global module hooks, state_dict() its state-dict hooks, register_buffer() the
@@ -519,16 +529,28 @@ def hooks_dicts_of(handle: RemovableHandle) -> list[Any]:
 
 def wrap_input_handle(builder: Any, value: RemovableHandle) -> VariableTracker:
     install_guard(builder.source.make_guard(GuardBuilder.TYPE_MATCH))
-    return HookHandleVariable(HandleOrigin.INPUT, value=value, source=builder.source)
+    handle = HookHandleVariable(
+        HandleOrigin.INPUT, value=value, source=builder.source
+    )
+    # Tracked, so that every source of the same handle is one variable whose
+    # remove() is one mutation.
+    return builder.tx.output.side_effects.track_object_existing(
+        value, handle, mutation_type_cls=ValueMutationExisting
+    )
 
 
-def _deferred_removals(ledger: list[HookLedgerEntry]) -> list[HookHandleVariable]:
-    return [
-        e.handle
-        for e in ledger
-        if isinstance(e.handle, HookHandleVariable)
-        and e.handle.origin is HandleOrigin.INPUT
-    ]
+def is_deferred_removal(var: VariableTracker) -> bool:
+    """var is a handle from outside the frame that the frame removed."""
+    return (
+        isinstance(var, HookHandleVariable)
+        and var.origin is HandleOrigin.INPUT
+        and isinstance(var.mutation_type, ValueMutationExisting)
+        and var.mutation_type.is_modified
+    )
+
+
+def _deferred_removals(side_effects: Any) -> list[HookHandleVariable]:
+    return [v for v in side_effects.id_to_variable.values() if is_deferred_removal(v)]
 
 
 def check_hooks_dict_read(tx: "InstructionTranslatorBase", value: object) -> None:
@@ -538,8 +560,10 @@ def check_hooks_dict_read(tx: "InstructionTranslatorBase", value: object) -> Non
     registration adds to), restart and break the graph at that call instead."""
     if not isinstance(value, dict):
         return
-    ledger = tx.output.side_effects.hook_ledger
-    for handle in _deferred_removals(ledger):
+    side_effects = tx.output.side_effects
+    ledger = side_effects.hook_ledger
+    removals = _deferred_removals(side_effects) if side_effects.has_handle_removal else []
+    for handle in removals:
         if any(d is value for d in handle.hooks_dicts()):
             assert handle.site is not None and handle.source is not None
             restart_with_decision(
@@ -580,27 +604,41 @@ def _guard_removal_unobserved(
     install_guard(handle.source.make_guard(HOOKS_DICTS_UNOBSERVED))
 
 
-def _guard_removals_unobserved(
-    removals: list[HookHandleVariable], cg: "PyCodegen"
-) -> None:
-    unguarded = [h for h in removals if not h.guarded_unobserved]
-    if not unguarded:
-        return
-    side_effects = cg.tx.output.side_effects
-    # Dicts a hook id can be a key of: see [Deferred removals].
-    observed = [
-        side_effects[obj].source
-        for obj in side_effects.keepalive
-        if isinstance(obj, dict)
-        and obj in side_effects
-        and side_effects[obj].source is not None
-        and any(type(k) is int for k in obj)
-    ]
-    for handle in unguarded:
+@register_side_effect_replay_handler(
+    name="removable_handle_removal",
+    matcher=lambda ctx: is_deferred_removal(ctx.var),
+    priority=35,
+)
+def _codegen_removable_handle_removal(ctx: SideEffectReplayContext) -> None:
+    """``handle.remove()`` of a handle from outside the frame, after the graph
+    and the frame's own hook registrations (see [Deferred removals])."""
+    handle = ctx.var
+    assert isinstance(handle, HookHandleVariable) and handle.source is not None
+    cg = ctx.codegen
+    if not handle.guarded_unobserved:
         # Once, though the suffix is generated twice.
         handle.guarded_unobserved = True
+        side_effects = ctx.side_effects
+        # Dicts a hook id can be a key of: see [Deferred removals].
+        observed = [
+            side_effects[obj].source
+            for obj in side_effects.keepalive
+            if isinstance(obj, dict)
+            and obj in side_effects
+            and side_effects[obj].source is not None
+            and any(type(k) is int for k in obj)
+        ]
         if observed:
             _guard_removal_unobserved(handle, observed)
+
+    def load_remove() -> None:
+        cg(handle.source)
+        cg.extend_output([cg.create_load_attr("remove")])
+
+    cg.add_push_null(load_remove)
+    cg.extend_output(create_call_function(0, False))
+    cg.pop_top()
+    ctx.log(handle)
 
 
 # ---------------------------------------------------------------------------
@@ -874,4 +912,3 @@ def with_pending(
 def check_ledger(ledger: list[HookLedgerEntry], cg: "PyCodegen") -> None:
     check_traced_hooks(cg.tx)
     check_residual_registrations(ledger, cg.tx)
-    _guard_removals_unobserved(_deferred_removals(ledger), cg)
