@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA variant end to end, as CI does the CPU one: a fresh clone of this checkout's HEAD,
-# `build --variant cuda` (the base wheel from PyPI, ~530 MB, checked against patches/BASE),
-# a second `build --force` that must give the same wheel byte for byte, a .venv with the
-# wheel and its nvidia-*/cuda-toolkit dependencies (~6 GB), then the test suite's CPU-side
-# tests and scripts/gpu_smoke.py (which skips without a GPU). CI keeps to the CPU variant:
-# this adds ~0.5 GB of download and ~6 GB of dependencies.
+# The CUDA variant end to end for one Python: a fresh clone of this checkout's HEAD,
+# `build --variant cuda` (the base wheel from PyPI, ~540 MB, checked against patches/BASE),
+# a second `build --force` that must give the same wheel byte for byte, a venv with the
+# wheel and its nvidia-*/cuda-toolkit dependencies (~5.4 GB), then the test suite's
+# CPU-side tests and scripts/gpu_smoke.py (which skips without a GPU). CI runs the
+# default Python (3.11) only; this script covers 3.12 and 3.13 (PYTHON=...).
 #
 #   scripts/cuda_variant.sh [DIR] [pytest args...]   (default DIR: build/cuda-variant;
 #   CACHE_DIR=... shares a cache; PYTHON=python3.12 builds and tests the wheel for that
