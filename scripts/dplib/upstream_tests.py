@@ -23,11 +23,12 @@ from .series import by_patch_name, load_series
 # Upstream files covering what the series touches: guards, recompiles, hooks,
 # modules, optimizers, unspecialized scalars, decorators; then the broad ones that
 # exercise the same paths from every side: repros, misc, AOT autograd, tensor
-# subclasses, context managers, functions (2,000+ tests passing on the stock wheel).
+# subclasses, context managers, functions, export, higher-order ops (2,500+ tests passing on the
+# stock wheel).
 DEFAULT_FILES = ("test_guard_manager.py", "test_recompiles.py", "test_hooks.py", "test_modules.py",
                  "test_optimizers.py", "test_unspec.py", "test_decorators.py",
                  "test_repros.py", "test_misc.py", "test_aot_autograd.py", "test_subclasses.py",
-                 "test_ctx_manager.py", "test_functions.py")
+                 "test_ctx_manager.py", "test_functions.py", "test_export.py", "test_higher_order_ops.py")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
 
