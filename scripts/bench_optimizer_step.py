@@ -71,15 +71,29 @@ class _Timeline:
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
         self.graphs: list[Any] = []  # the GraphModules the marked call ran
-        self.on = False
+        self._on = False
         # With capture set, every graph call appends (callable, args, grad mode): the
         # floor's inputs (_floor_inputs). Off while timing: kept args would keep the
         # previous call's grads alive into the next.
         self.capture = False
         self.captured: list[tuple[Any, tuple[Any, ...], bool]] = []
 
+    @property
+    def on(self) -> bool:
+        return self._on
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        """Marking on or off. Since torch 2.15 the compiled bytecode calls the pre-graph
+        markers only while a profiler is attached (it reads this flag on every call): the
+        flag is raised for the marked calls only, so the before-graph time is measured."""
+        import torch.autograd.profiler
+
+        self._on = value
+        torch.autograd.profiler._is_profiler_enabled = value
+
     def mark(self, what: str) -> None:
-        if self.on:
+        if self._on:
             self.events.append((what, time.thread_time_ns()))
 
 
@@ -92,8 +106,9 @@ def _install_markers(timeline: _Timeline) -> None:
     torch._dynamo.config.record_runtime_overhead = True
 
     @torch._disable_dynamo
-    def enter() -> None:
+    def enter() -> Any:
         timeline.mark("pre_enter")
+        return timeline  # torch 2.15 calls exit only with what enter returned, if not None
 
     @torch._disable_dynamo
     def exit_(cm: Any) -> None:

@@ -91,6 +91,12 @@ class BenchOptimizerStepTest(unittest.TestCase):
         self.assertNotIn("a guard check failed", out)
         costs = re.findall(r"^  N=12\s+([\w-]+)\s+guard\s+\d+  graph get_attr\s+\d+", out, re.MULTILINE)
         self.assertEqual(sorted(costs), ["adam", "adamw", "once", "sgd"], out)
+        # The pre-graph markers fire (torch 2.15 calls them only under a profiler, and its
+        # exit only with what enter returned): every row's before-graph time is measured.
+        before = re.findall(r"^\|\s+12 \| [\w-]+\s+\| patched \|(?:[^|]+\|){7}\s+(\d+)\s+[\d.]+ \|", out,
+                            re.MULTILINE)
+        self.assertEqual(len(before), 4, out)
+        self.assertTrue(all(int(us) > 0 for us in before), out)
 
     def test_inductor_adam_row(self):
         out = run_script(
