@@ -56,6 +56,10 @@ def base_torch_version(patched: str | os.PathLike[str] = sys.executable) -> str 
     return version.split(".dynapatch.", 1)[0] if version else None
 
 
+# Stock envs made by hand on the project's machines, tried after `cache_dir`'s.
+FIXED_STOCK_PYTHONS = ("/work/stock/bin/python", "/work/stockenv/bin/python")
+
+
 def stock_python(explicit: str | os.PathLike[str] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None,
                  patched: str | os.PathLike[str] = sys.executable) -> str:
@@ -71,7 +75,7 @@ def stock_python(explicit: str | os.PathLike[str] | None = None,
     base = base_torch_version(patched)
     caches = [os.environ.get("DYNAPATCH_CACHE_DIR", "/work/main/build/cache"), str(ROOT / "build" / "cache")]
     candidates = sorted(glob.glob(os.path.join(cache_dir, "stockenv-*", "bin", "python"))) if cache_dir else []
-    candidates += ["/work/stock/bin/python", "/work/stockenv/bin/python"]
+    candidates += list(FIXED_STOCK_PYTHONS)
     for cache in caches:
         candidates += sorted(glob.glob(os.path.join(cache, "stockenv-*", "bin", "python")))
     skipped = []

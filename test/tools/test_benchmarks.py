@@ -5,11 +5,13 @@ output). What is checked is structural: every case runs, and the frame counts th
 scripts print are the ones the features promise.
 """
 
+import os
 import re
 import subprocess
 import sys
 import unittest
 from pathlib import Path
+from unittest import mock
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -215,7 +217,10 @@ class StockSideTest(unittest.TestCase):
         sys.path.insert(0, str(SCRIPTS))
         import benchlib
 
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(benchlib, "FIXED_STOCK_PYTHONS", ()), \
+                mock.patch.object(benchlib, "ROOT", Path(tmp)), \
+                mock.patch.dict(os.environ, {"DYNAPATCH_CACHE_DIR": str(Path(tmp) / "no-cache")}):
+            # Only the envs made here: not this machine's stock envs.
             root = Path(tmp)
             patched = self.venv(root, "custom", "2.15.0+cu132.dynapatch.26.g3f784c7a")
             older = self.venv(root / "cache", "stockenv-0000", "2.13.0+cpu")
