@@ -501,8 +501,9 @@ class BackwardStateHookHandle(RemovableHandle):
 # ---------------------------------------------------------------------------
 # Note [Deferred removals]
 # remove() of a handle from outside the frame (origin INPUT) is replayed after
-# the graph (replay handler removable_handle_removal). Until then, code traced in the frame must not read the handle's
-# hooks dicts, or it sees (and runs) the removed hook. A tensor's or autograd
+# the graph (replay handler removable_handle_removal). Until then, code traced
+# in the frame must not read the handle's hooks dicts, or it sees (and runs) the
+# removed hook. A tensor's or autograd
 # Node's hooks run in backward, outside the frame, but Module.__call__ reads the
 # global module hooks, state_dict() its state-dict hooks, register_buffer() the
 # global registration hooks, and user code its own registries. Every read of an
