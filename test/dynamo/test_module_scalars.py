@@ -201,8 +201,8 @@ class DecayInt(Decay):
 
 
 class DecayPow(Decay):
-    """`**` is a binary operator, where Dynamo cannot graph-break: the attribute is
-    traced as Dynamo traces it without this patch."""
+    """`**` of the float with a constant: traced on the float64 tensor (C pow(), as
+    Python's float power), under a guard that the power is a finite float."""
 
     def forward(self, x):
         self.temp *= 0.9
@@ -813,16 +813,15 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
         # A use the float64 tensor cannot trace restarts with the attribute wrapped as
         # without this patch: the frames over 6 calls are those of unpatched torch
         # 2.15.0 (measured with these loops, CompileCounter / aot_eager), and nothing
-        # graph-breaks. Before, DecayExp and DecayInt graph-broke (3 frames each) and
-        # DecayPow was specialized on every value (6 frames).
+        # graph-breaks. Before, DecayExp and DecayInt graph-broke (3 frames each).
         cases = [
             (DecayExp, 6, 7),  # math.exp specializes a SymFloat per value there too
             (DecayInt, 2, 7),
-            (DecayPow, 2, 7),
             (DecayLoopPow, 6, 7),  # in a loop
-            # traced on the tensor form (the integer tensor is cast as the op casts it);
-            # unpatched 2.15.0: 2 / 7
+            # traced on the tensor form (the integer tensor is cast as the op casts it;
+            # the power is pow() of the float64 tensors); unpatched 2.15.0: 2 / 7 each
             (DecayIntTensor, 1, 1),
+            (DecayPow, 1, 1),
         ]
         for cls, frames, aot_frames in cases:
             for backend, expected in ((CompileCounter(), frames), (CompileCounterWithBackend("aot_eager"), aot_frames)):
@@ -831,7 +830,7 @@ LAMBDA_GUARD: -9223372036854775808 <= L['self'].step <= 9223372036854775806""", 
                 cnt = self.run_float(cls, backend, calls=6)
                 self.assertEqual(cnt.frame_count, expected, (cls.__name__, backend))
                 self.assertEqual(sum(counters["graph_break"].values()), 0, cls.__name__)
-            place = "float64 tensor" if cls is DecayIntTensor else "default float"
+            place = "float64 tensor" if cls in (DecayIntTensor, DecayPow) else "default float"
             self.assertEqual(scalar_places_of(cls.forward), {"L['self'].temp": place}, cls.__name__)
 
     def run_raising(self, cls, backend, calls=4):

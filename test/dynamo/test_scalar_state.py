@@ -892,6 +892,33 @@ def attr_tensor_of_floats(x, o):
     return x * sizes + torch.tensor((o.l[0], 1)).sum()  # the default dtype
 
 
+def attr_powers(x, o):
+    # a float power of the float: `**` with an int or a float exponent, math.pow,
+    # pow(), a number raised to it, and another float as the exponent
+    o.v = o.v * 0.9 + 0.05
+    o.d["v"] = o.d["v"] * 0.5 + 0.25
+    return x * (o.v**2) + x * math.pow(o.v, 0.25) - x * (0.999**o.v) + x * pow(o.v, o.d["v"])
+
+
+def attr_power_as_alpha(x, o):
+    # D-Adaptation AdaGrad (pytorch-optimizer): `gsq.add_(g_sq, alpha=d_lr ** 2)` next
+    # to `sk.add_(grad, alpha=d_lr)`; without the power traced, the place is a SymFloat
+    # and _tensorify_python_scalars pins it per value (the alpha keyword)
+    o.v = o.v * 1.1
+    d_lr = o.v * 0.5
+    y = x.clone()
+    y.add_(x, alpha=d_lr)
+    y.add_(x, alpha=d_lr**2)
+    return y
+
+
+def attr_power_base_turns_negative(x, o):
+    # positive for two calls, then negative: a negative float to an integral power is a
+    # float in Python (and C pow()); a fractional one (below) is a complex number
+    o.v = o.v - 0.4
+    return x * (o.v**2.0) + x * (o.v**-3)
+
+
 class ScheduleFreePlaces:
     """pytorch-optimizer's schedule-free groups: an int step and float sums of it."""
 
@@ -1067,7 +1094,10 @@ PINNED_USES = {
 # and a stale written-back value under inductor (pytorch #194976's pattern);
 # attr_tensor_of_floats 2 / 7 frames under eager / aot_eager and the recompile limit
 # under inductor; attr_sum_of_step_floats 2 / 7 / 7 frames under eager / aot_eager /
-# inductor.
+# inductor. Unpatched 2.15.0 (measured): attr_powers 6 / 7 / 7 frames under eager /
+# aot_eager / inductor, attr_power_as_alpha 2 / 7 / 7 (the alpha pinned per value by
+# _tensorify_python_scalars), attr_power_base_turns_negative fails the compile (the fake
+# pow of a SymFloat that may be negative) and runs eagerly.
 TRACED_USES = {
     "attr_min": (attr_min, Places, 1),
     "attr_max": (attr_max, Places, 1),
@@ -1077,6 +1107,9 @@ TRACED_USES = {
     "attr_clamp_and_compare": (attr_clamp_and_compare, Places, 1),
     "attr_tensor_of_floats": (attr_tensor_of_floats, Places, 1),
     "attr_sum_of_step_floats": (attr_sum_of_step_floats, ScheduleFreePlaces, 1),
+    "attr_powers": (attr_powers, Places, 1),
+    "attr_power_as_alpha": (attr_power_as_alpha, Places, 1),
+    "attr_power_base_turns_negative": (attr_power_base_turns_negative, Places, 1),
 }
 
 

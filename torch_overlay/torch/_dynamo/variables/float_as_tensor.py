@@ -43,6 +43,15 @@ whose traced form gives the same result, dtype and bits as the float form:
   ``b > a`` (``b < a``), as Python picks, that comparison decided as above;
   ``math.sqrt(f)`` as the float64 tensor's correctly rounded square root under a guard
   that f is not negative (below zero, ValueError as math.sqrt raises).
+- ``f ** g``, ``pow(f, g)`` and ``math.pow(f, g)`` with a number or another such
+  variable (``d_lr ** 2``, ``beta ** step``): pow of the float64 tensors, which runs C
+  pow() on the two doubles as CPython's float power does, under a guard that Python's
+  result is a finite float (``math.isfinite(L['g'].d ** 2)``). Where Python raises
+  (ZeroDivisionError, OverflowError; math.pow ValueError) or returns a complex number
+  or an inf, such a use is not traced on the tensor form (below). Inductor's C++ compiler turns
+  ``std::pow(x, 2.0)`` into ``x * x``, which rounds differently from pow() for about one
+  value in a thousand, as for the SymFloats _tensorify_python_scalars turns into
+  pow.Tensor_Tensor; eager and aot_eager run pow().
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 - Where the float meets a CPU tensor as a kernel's Scalar argument (``f * t``,
   ``f ** t``, ``t < f``; ``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)``;
@@ -54,7 +63,7 @@ whose traced form gives the same result, dtype and bits as the float form:
   is passed as the tensor in the operands' dtype (lerp.Tensor). Complex tensors and
   other devices are left out (not verified).
 
-Any other use (``//`` or ``**`` of numbers, ``int()``, ``round()``, truth tests,
+Any other use (``//`` of numbers, a power that is not a finite float, ``int()``, ``round()``, truth tests,
 ``is None``, hashing (a ``set``), other ``math`` and torch functions, methods,
 complex tensors) is not traced on the tensor form: the attributes the
 value derives from are recorded DEFAULT_FLOAT for the frame, and from the restart on
@@ -499,6 +508,10 @@ def call_builtin(
     if not kwargs and fn in _UNARY and len(args) == 1 and domain_checked:
         (a,) = args
         return _float_result(tx, _UNARY_OPS[fn], (a.tensor.as_proxy(),), a.origins, _python_result(fn, args))
+    if not kwargs and fn in _POWERS and len(args) == 2:
+        result = _power(tx, args)
+        if result is not None:
+            return result
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
         is_float = [isinstance(v, FloatAsTensorVariable) for v in args]
@@ -534,6 +547,50 @@ _COMPARISONS = {
 _TENSOR_OPERAND_BUILTINS = frozenset(
     {*_ARITH, *_COMPARISONS, pow, operator.pow, operator.ipow, operator.floordiv, operator.ifloordiv}
 )
+
+
+_POWERS = frozenset({operator.pow, operator.ipow, pow, math.pow})
+
+
+def _power(tx: InstructionTranslatorBase, args: list[VariableTracker]) -> FloatAsTensorVariable | None:
+    """``b ** e`` (``pow(b, e)``, ``math.pow(b, e)``) of such variables and numbers:
+    pow.Tensor_Tensor of the float64 tensors (a number as a float64 tensor like the
+    other operand), C pow() of the two doubles as CPython's float power calls it (of
+    ``abs(b)`` for a negative b and an integral e, negated for an odd e: pow() gives the
+    same), under a guard that Python's ``b ** e`` is a finite float. There Python
+    neither raises nor returns a complex number, and ``math.pow`` equals ``**``. None
+    where that does not hold on this frame's values or an operand has no Python
+    expression."""
+    from ..guards import install_guard
+
+    if not all(isinstance(v, FloatAsTensorVariable) or _is_number(v) for v in args):
+        return None
+    exprs = [_python_float(v) for v in args]
+    if any(e is None for e in exprs):
+        return None
+    base, exponent = exprs
+    try:
+        value = float(base.value) ** float(exponent.value)  # type: ignore[union-attr]
+    except ArithmeticError:
+        return None
+    if type(value) is not float or not math.isfinite(value):
+        return None
+    code = f"({base.code} ** {exponent.code})"  # type: ignore[union-attr]
+    if len(code) > _MAX_EXPR_LEN:
+        return None
+    sources = tuple(dict.fromkeys((*base.sources, *exponent.sources)))  # type: ignore[union-attr]
+    # fails where Python raises, returns a complex number (TypeError) or a non-finite one
+    guard = f"math.isfinite({code})"
+    install_guard(sources[0].make_guard(functools.partial(_python_float_guard, guard)))
+    like = next(v.tensor.as_proxy() for v in args if isinstance(v, FloatAsTensorVariable))  # type: ignore[attr-defined]
+    operands = tuple(
+        v.tensor.as_proxy()  # type: ignore[attr-defined]
+        if isinstance(v, FloatAsTensorVariable)
+        else _proxy(tx, "call_function", torch.full_like, like, _number_proxy(v))
+        for v in args
+    )
+    origins = frozenset().union(*(v.origins for v in args if isinstance(v, FloatAsTensorVariable)))  # type: ignore[attr-defined]
+    return _float_result(tx, torch.pow, operands, origins, PythonFloat(code, value, sources))
 
 
 def _comparand(vt: VariableTracker) -> PythonFloat | None:
@@ -691,6 +748,11 @@ def call_torch_function(
     if fn is math.sqrt:
         args = _realize_floats(args)
         if kwargs or len(args) != 1 or not isinstance(args[0], FloatAsTensorVariable):
+            return None
+        return call_builtin(tx, fn, args, kwargs)
+    if fn is math.pow:
+        args = _realize_floats(args)
+        if kwargs or len(args) != 2 or not any(isinstance(a, FloatAsTensorVariable) for a in args):
             return None
         return call_builtin(tx, fn, args, kwargs)
     if fn is torch.tensor:
