@@ -142,6 +142,85 @@ class ModuleHookRegistrationGuardTests(torch._dynamo.test_case.TestCase):
         self.check_later_call_recompiles_with_hooks(self.as_on_cpython_3_13_0)
 
 
+def add_one_with_kwargs(mod, args, kwargs, out):
+    return out + 1
+
+
+def triple_input_with_kwargs(mod, args, kwargs):
+    return (args[0] * 3,), kwargs
+
+
+def times_two(mod, args, out):
+    return out * 2
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class HooksRegisteredOutsideTests(torch._dynamo.test_case.TestCase):
+    """A hook registered on a submodule before every call and removed after it
+    (pytorch#170110): each registration has a new id, so a guard on the hook dict's
+    keys recompiles every call. The guards on the hook dicts (their lengths, as this
+    patch adds, and the hook functions) must say what the hooks are, not their ids:
+    one frame while the hooks are the same, one more when they differ."""
+
+    def run_registrations(self, register, calls=6, fullgraph=True):
+        cnt = CompileCounter()
+        compiled_model, eager_model = Stack(), Stack()
+        compiled = torch.compile(compiled_model, backend=cnt, fullgraph=fullgraph)
+        for i in range(calls):
+            x = torch.randn(2, 3)
+            handles = register(compiled_model.layers[1], i) + register(eager_model.layers[1], i)
+            self.assertEqual(compiled(x), eager_model(x))
+            for h in handles:
+                h.remove()
+            self.assertEqual(len(compiled_model.layers[1]._forward_hooks), 0)
+            self.assertEqual(len(compiled_model.layers[1]._forward_hooks_with_kwargs), 0)
+        return cnt.frame_count
+
+    def test_same_hook_with_kwargs_every_call(self):
+        frames = self.run_registrations(
+            lambda m, i: [m.register_forward_hook(add_one_with_kwargs, with_kwargs=True)]
+        )
+        self.assertEqual(frames, 1)
+
+    def test_same_pre_hook_with_kwargs_every_call(self):
+        frames = self.run_registrations(
+            lambda m, i: [m.register_forward_pre_hook(triple_input_with_kwargs, with_kwargs=True)]
+        )
+        self.assertEqual(frames, 1)
+
+    def test_same_hooks_every_call_without_fullgraph(self):
+        frames = self.run_registrations(
+            lambda m, i: [
+                m.register_forward_hook(times_two),
+                m.register_forward_hook(add_one_with_kwargs, with_kwargs=True),
+            ],
+            fullgraph=False,
+        )
+        self.assertEqual(frames, 1)
+
+    def test_different_hook_recompiles(self):
+        # two hook sets, alternating: one frame each, then both reused
+        frames = self.run_registrations(
+            lambda m, i: [
+                m.register_forward_hook(times_two)
+                if i % 2
+                else m.register_forward_hook(add_one_with_kwargs, with_kwargs=True)
+            ]
+        )
+        self.assertEqual(frames, 2)
+
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 
