@@ -10,10 +10,11 @@ config.recompile_limit --recompile-limit, default 8) after an eager forward/back
 --steps (20) times, next to an eager copy of the same model and optimizer stepped
 eagerly in the same process. Both copies' steps see the same RNG state (torch's,
 `random`'s and numpy's, seeded, are restored between them), so an optimizer that draws
-random numbers is compared like any other. Each optimizer runs in its own subprocess (benchlib.run_worker,
+random numbers is compared like any other. Each optimizer runs in its own subprocess (sweeplib.run_cases,
 --timeout per case), first with the stock interpreter, then with the patched one,
 serially; the third-party packages come from bench_scalar_state's packages dir
-(benchlib.bench_packages) on both sides' PYTHONPATH.
+(benchlib.bench_packages) on both sides' PYTHONPATH. The harness and the report are
+sweeplib.py's (shared with bench_metric_sweep.py).
 
 Per optimizer and side:
   graphs  graphs handed to the backend (CompileCounterWithBackend frame_count)
@@ -52,20 +53,19 @@ the compiled step (a harness error: its traceback is printed); 2 on a setup erro
 from __future__ import annotations
 
 import argparse
-import collections
+import functools
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scalar_state as bss
 import benchlib
+import sweeplib
+from sweeplib import describe
 
 ROOT = benchlib.ROOT
-MAX_GOOD = 2  # graphs: the first call fills an empty state, so one recompile is the floor
-EAGER_RANK = {"same": 0, "close": 1, "DIFF": 2}
 
 
 def muon_groups(model):
@@ -90,18 +90,6 @@ HESSIAN = {"adahessian", "sophiah"}  # Hessian-vector products of the gradients:
 # --------------------------------------------------------------------------- worker
 
 
-def describe(e: BaseException) -> str:
-    """`Type: first line of the message` (an empty message: where it was raised)."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if not text:
-        tb = e.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        if tb is not None:
-            text = f"(raised in {tb.tb_frame.f_code.co_qualname})"
-    return f"{type(e).__name__}: {text[:200]}"
-
-
 def registry() -> dict:
     """The worker for the sides' registries: names and versions."""
     from importlib.metadata import version
@@ -116,7 +104,6 @@ def registry() -> dict:
 
 def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
     import copy
-    import logging
     import random
     import traceback
     import warnings
@@ -126,11 +113,7 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
     import pytorch_optimizer
 
     import torch
-    import torch._dynamo
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters, guard_failures
 
-    torch._dynamo.config.recompile_limit = recompile_limit
     result: dict = {"torch": torch.__version__, "setup": SETUP.get(name, ("",))[0]}
     if name in HESSIAN:
         result["setup"] = "backward(create_graph=True)"
@@ -145,25 +128,8 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
     except Exception as e:
         return {**result, "skipped": f"construct: {describe(e)}"}
 
-    limit_hits: set[str] = set()
-
-    class Capture(logging.Handler):  # Dynamo's warning when a code object hits the limit
-        def emit(self, record):
-            msg = record.getMessage()
-            if msg.startswith("torch._dynamo hit config."):
-                line = next((ln for ln in msg.splitlines() if ln.strip().startswith("function:")), "?")
-                limit_hits.add(line.split("'")[1] if "'" in line else line.strip())
-
-    lg = logging.getLogger("torch._dynamo.convert_frame")
-    lg.addHandler(Capture())
-    lg.propagate = False
-
-    counter = CompileCounterWithBackend(backend)
-    compiled = torch.compile(bss.opt_step, backend=counter)
-    reasons: list[str] = []  # "function: reason", in the order the steps recorded them
-    seen: dict = {}
-    differences: dict[str, str] = {}
-    max_diff = 0.0
+    watch = sweeplib.CompileWatch(backend, recompile_limit)
+    compiled = torch.compile(bss.opt_step, backend=watch.counter)
 
     def state(model, opt):
         return {"params": dict(model.state_dict()), "optimizer": opt.state_dict()}
@@ -186,27 +152,8 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
         except Exception as e:
             return {**result, "error": f"step {step + 1}: {describe(e)}",
                     "traceback": traceback.format_exc()[-3000:]}
-        for code, failures in list(guard_failures.items()):
-            for failure in failures[seen.get(code, 0):]:
-                text = " ".join(re.sub(r"^[!\d/_]+: ", "", failure).split("\nUser stack trace")[0].split())
-                text = re.sub(r"[^\s#]*/([^/\s]+\.py:\d+)", r"\1", text)  # file:line, no directories
-                reasons.append(f"{getattr(code, 'co_name', code)}: {text}")
-            seen[code] = len(failures)
-        compiled_state, eager_state = state(model_c, opt_c), state(model_e, opt_e)
-        for part in compiled_state:
-            if part not in differences:
-                d, worst = bss.compare(compiled_state[part], eager_state[part], part)
-                max_diff = max(max_diff, worst)
-                if d:
-                    differences[part] = f"step {step + 1}: {d}"
-
-    return {**result, "graphs": counter.frame_count, "limit_hits": sorted(limit_hits),
-            "eager": "DIFF" if differences else ("same" if max_diff == 0.0 else "close"),
-            "eager_detail": "; ".join(differences.values()), "max_diff": max_diff,
-            "reasons": list(dict.fromkeys(reasons))[:20], "recompiles": len(reasons),
-            "reason_counts": list(collections.Counter(reasons).items()),
-            "graph_breaks": sum(counters["graph_break"].values()),
-            "first_break": next(iter(counters["graph_break"]), "").strip().split("\n")[0]}
+        watch.after_call(step + 1, state(model_c, opt_c), state(model_e, opt_e))
+    return {**result, **watch.result()}
 
 
 # --------------------------------------------------------------------------- parent
@@ -217,74 +164,11 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def cause(reason: str) -> str:
-    """A recompile reason as `function: failed guard`, without the source line Dynamo
-    appends (`# code # file:line in fn`) and with numbers and addresses as `#`."""
-    reason = re.sub(r"0x[0-9a-fA-F]+", "#", reason.split("\n")[0].split(" # ")[0])
-    return re.sub(r"(?<![A-Za-z\d])[-+]?\d+(\.\d*)?([eE][-+]?\d+)?", "#", reason)
-
-
 # The recompile every optimizer has: its first call fills the empty state or adds keys to it
 # or to the param groups (the floor of 2 graphs)
 FIRST_CALL = re.compile(r"^[\w.]+: not (opt|self)\.state$"
                         r"|^[\w.]+: not ___dict_contains\('\w+', (opt|self)\.(state|param_groups\[#\])\)$")
-
-
-# A value guard: `source == number` (a place pinned to one value)
-PINNED = re.compile(r"^[\w.]+: [\w.\[\]'\"()]+ == [-+]?[\d.]+(e[-+]?\d+)?$")
-# A guard on a relation of the step, the shape environment's (`(step % 10) != 0`,
-# `1998.9 + (-1)*(... 0.999 ** torch.sym_float(1 + step) ...) < 4.0`): a Python branch on it
-BRANCH = re.compile(r"^[\w.]+: (not )?\(?.*(%|\*|/| \+ | - |sym_float\(|min\(|max\().* ?(<|<=|>|>=|==|!=) .*$")
-
-
-def branch_floor(r: dict) -> list[str] | None:
-    """The branch guards of a case at its branch floor, None if it is not there: every
-    recompile reason is the first call's (FIRST_CALL) or a guard on a relation of the
-    step (BRANCH, not a pinned value), and the graphs are at most the first call's two
-    plus one per such guard (a recompile lists the failed guard of every cache entry,
-    so a guard is counted by the distinct texts, not by how often it is listed). No
-    graph breaks (their resume functions' graphs have floors of their own)."""
-    counts = r.get("reason_counts")
-    if counts is None or r.get("graph_breaks"):
-        return None
-    branches = []
-    for reason, _ in counts:
-        text = reason.split(" # ")[0].strip()
-        if FIRST_CALL.match(cause(reason)):
-            continue
-        if PINNED.match(text) or not BRANCH.match(text):
-            return None
-        branches.append(text)
-    return branches if r["graphs"] <= MAX_GOOD + len(branches) else None
-
-
-def status(r: dict) -> str | None:
-    """skip / timeout / ERROR for a case that did not produce figures, else None."""
-    if "skipped" in r:
-        return "skip"
-    if "error" in r:
-        return "timeout" if r["error"].startswith("timed out") else "ERROR"
-    return None
-
-
-def worse(s: dict, p: dict) -> list[str]:
-    """How the patched side does worse than stock on one optimizer (empty: not worse)."""
-    if status(p) and not status(s):
-        return [f"{status(p)}: {p['error'] if 'error' in p else p.get('skipped')}"]
-    if status(p) or status(s):
-        return []
-    out = []
-    if p["graphs"] > s["graphs"]:
-        out.append(f"graphs {s['graphs']} -> {p['graphs']}")
-    if p["limit_hits"] and not s["limit_hits"]:
-        out.append("recompile limit hit (stock: not)")
-    if EAGER_RANK[p["eager"]] > EAGER_RANK[s["eager"]]:
-        out.append(f"eager {s['eager']} -> {p['eager']}")
-    return out
-
-
-def short(text: str, n: int = 160) -> str:
-    return text if len(text) <= n else text[:n - 3] + "..."
+branch_floor = functools.partial(sweeplib.branch_floor, first_call=FIRST_CALL)
 
 
 def main() -> int:
@@ -336,111 +220,11 @@ def main() -> int:
           f"timeout {args.timeout:.0f} s per case; {len(names)} optimizers, each in a fresh process per side\n",
           flush=True)
 
-    started_all = time.monotonic()
-    results: dict[str, dict[str, dict]] = {}
-    for i, name in enumerate(names, 1):
-        results[name] = {}
-        for side, python in sides.items():
-            started = time.monotonic()
-            argv = benchlib.worker_argv(__file__, name, "--steps", args.steps, "--backend", args.backend,
-                                        "--recompile-limit", args.recompile_limit)
-            r = benchlib.run_worker(python, argv, env=env, timeout=args.timeout, check=False)
-            results[name][side] = r
-            what = r.get("skipped") or r.get("error") or f"{r['graphs']} graphs, eager {r['eager']}"
-            print(f"  [{i}/{len(names)}] {name:<20} {side:<8} {time.monotonic() - started:6.1f} s  {short(what, 100)}",
-                  flush=True)
-    print(f"\n{len(names)} optimizers in {(time.monotonic() - started_all) / 60:.1f} min\n")
-
-    def cell(r: dict, key: str) -> str:
-        if status(r):
-            return status(r)
-        return ("hit" if r[key] else "-") if key == "limit_hits" else str(r[key])
-
-    benchlib.table(["optimizer", "stock graphs", "patched graphs", "limit hit stock/patched",
-                    "eager stock/patched"],
-                   [[name, cell(by["stock"], "graphs"), cell(by["patched"], "graphs"),
-                     f"{cell(by['stock'], 'limit_hits')} / {cell(by['patched'], 'limit_hits')}",
-                     f"{cell(by['stock'], 'eager')} / {cell(by['patched'], 'eager')}"]
-                    for name, by in results.items()])
-
-    print("\nDetails (setup, errors, eager differences, first 2 distinct recompile reasons):")
-    for name, by in results.items():
-        for side in sides:
-            r = by[side]
-            lines = []
-            if r.get("setup") and side == "patched" and not status(r):
-                lines.append(f"setup: {r['setup']}")
-            if "error" in r:
-                lines.append(f"{status(r)}: {r['error']}")
-                lines += [f"    {ln}" for ln in r.get("traceback", "").strip().splitlines()[-6:]]
-            if r.get("eager") == "DIFF":
-                lines.append(f"eager: {short(r['eager_detail'])}")
-            if r.get("limit_hits"):
-                lines.append("recompile limit hit by: " + ", ".join(r["limit_hits"]))
-            if r.get("graph_breaks"):
-                lines.append(f"graph breaks: {r['graph_breaks']}, first: {short(r['first_break'])}")
-            for j, reason in enumerate(r.get("reasons", [])[:2], 1):
-                lines.append(f"reason {j}/{r['recompiles']}: {short(reason)}")
-            for line in lines:
-                print(f"  {name} [{side}]: {line}")
-
-    skipped = {n: by["patched"].get("skipped") or by["stock"].get("skipped") for n, by in results.items()
-               if "skipped" in by["patched"] or "skipped" in by["stock"]}
-    runnable = [n for n in results if n not in skipped]
-    ok = {side: [n for n in runnable if not status(results[n][side])] for side in sides}
-    within = {side: [n for n in ok[side] if results[n][side]["graphs"] <= MAX_GOOD] for side in sides}
-    worse_than_stock = {n: w for n in runnable if (w := worse(results[n]["stock"], results[n]["patched"]))}
-    better = [n for n in ok["patched"] if n in ok["stock"]
-              and results[n]["patched"]["graphs"] < results[n]["stock"]["graphs"]]
-    newly_not_same = [n for n in runnable if n in ok["patched"] and n in ok["stock"]
-                      and results[n]["patched"]["eager"] != "same" and results[n]["stock"]["eager"] == "same"]
-    causes: dict[str, list[str]] = {}
-    for n in ok["patched"]:
-        r = results[n]["patched"]
-        if r["graphs"] > MAX_GOOD:
-            key = next((c for c in map(cause, r["reasons"]) if not FIRST_CALL.match(c)), None)
-            if key is None:
-                key = f"(no recompile but the first call's) graph break: {cause(r['first_break'] or '?')}"
-            causes.setdefault(short(key, 200), []).append(f"{n} ({r['graphs']})")
-
-    print(f"\nSummary ({args.backend}, {args.steps} steps, recompile_limit {args.recompile_limit})")
-    print(f"  optimizers: {len(results)}, runnable: {len(runnable)}, skipped: {len(skipped)}")
-    for side in sides:
-        failed = [f"{n} ({status(results[n][side])})" for n in runnable if n not in ok[side]]
-        print(f"  {side}: <= {MAX_GOOD} graphs: {len(within[side])}/{len(runnable)}"
-              + (f"; ERROR/timeout: {', '.join(failed)}" if failed else ""))
-    nothing = [n for n in ok["patched"] if results[n]["patched"]["graphs"] == 0]
-    print(f"  patched compiles nothing (0 graphs, counted as <= {MAX_GOOD}): {', '.join(nothing) or '-'}")
-    print(f"  patched fewer graphs than stock: {len(better)}")
-    print(f"  patched worse than stock: {len(worse_than_stock)}")
-    for n, w in worse_than_stock.items():
-        print(f"    {n}: {'; '.join(w)}")
-    print(f"  not eager-identical on patched only (stock 'same'): {len(newly_not_same)}")
-    for n in newly_not_same:
-        r = results[n]["patched"]
-        print(f"    {n}: {r['eager']}" + (f" ({short(r['eager_detail'], 120)})" if r["eager"] == "DIFF"
-                                          else f" (max abs diff {r['max_diff']:.3g})"))
-    floors = {side: {n: b for n in ok[side] if results[n][side]["graphs"] > MAX_GOOD
-                     and (b := branch_floor(results[n][side])) is not None} for side in sides}
-    for side in sides:
-        print(f"  {side}: <= {MAX_GOOD} graphs or at the branch floor (the first call's graphs plus one "
-              f"recompile per side of a branch on the step): {len(within[side]) + len(floors[side])}/{len(runnable)}")
-    for n, branches in floors["patched"].items():
-        print(f"    {n} ({results[n]['patched']['graphs']}): " + "; ".join(short(b, 150) for b in branches))
-    print(f"  patched > {MAX_GOOD} graphs, by first recompile reason (after the first call's): "
-          f"{sum(len(v) for v in causes.values())} cases, {len(causes)} causes")
-    for key, cases in sorted(causes.items(), key=lambda kv: -len(kv[1])):
-        print(f"    [{len(cases)}] {key}\n        {', '.join(cases)}")
-    print(f"  skipped ({len(skipped)}):")
-    for n, why in skipped.items():
-        print(f"    {n}: {why}")
-    crashed = [f"{n} [{side}]" for n, by in results.items() for side, r in by.items()
-               if r.get("error", "").startswith("child exited")]
-    if crashed:
-        print(f"bench_optimizer_sweep: error: worker crashed (see Details): {', '.join(crashed)}",
-              file=sys.stderr, flush=True)
-        return 1
-    return 0
+    results = sweeplib.run_cases(__file__, names, sides, env, ["--steps", args.steps, "--backend", args.backend,
+                                 "--recompile-limit", args.recompile_limit], args.timeout)
+    return sweeplib.report(results, sides, "optimizer",
+                           f"{args.backend}, {args.steps} steps, recompile_limit {args.recompile_limit}",
+                           FIRST_CALL, "bench_optimizer_sweep")
 
 
 if __name__ == "__main__":

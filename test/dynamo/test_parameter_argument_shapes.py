@@ -13,7 +13,6 @@ from torch.testing._internal.common_utils import (
     parametrize,
 )
 
-
 SHAPES = [(16, 32), (32, 32), (64, 32), (32, 128), (128, 64), (8, 8), (256, 16), (48, 96),
           (96, 48), (24, 40), (40, 24), (12, 200)]
 

@@ -166,8 +166,6 @@ class BenchScalarStateTest(unittest.TestCase):
         self.assertIn("unknown case(s) no_such_case", proc.stderr)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class BenchOptimizerSweepBranchFloorTest(unittest.TestCase):
@@ -234,3 +232,59 @@ class StockSideTest(unittest.TestCase):
             self.assertIn(f"{older} (torch 2.13.0+cpu)", str(raised.exception))
             # Given explicitly, any interpreter is taken (a before/after of two series).
             self.assertEqual(benchlib.stock_python(older, root / "cache", patched=patched), str(older))
+
+
+class SweeplibCompileWatchTest(unittest.TestCase):
+    """sweeplib.CompileWatch counts the graphs and recompile reasons of a compiled callable
+    and tells whether its state stayed the eager copy's."""
+
+    def watch(self):
+        sys.path.insert(0, str(SCRIPTS))
+        try:
+            import sweeplib
+        finally:
+            sys.path.remove(str(SCRIPTS))
+        import torch
+
+        torch._dynamo.reset()
+        return sweeplib.CompileWatch("eager", 8), torch
+
+    def test_graphs_reasons_and_same_state(self):
+        watch, torch = self.watch()
+
+        def scale(state, x):
+            state["total"] = state["total"] + (x * 2).sum()
+
+        compiled = torch.compile(scale, backend=watch.counter)
+        eager_state, compiled_state = {"total": torch.zeros(())}, {"total": torch.zeros(())}
+        for call, size in enumerate((3, 3, 5, 7), 1):
+            x = torch.ones(size)
+            scale(eager_state, x)
+            compiled(compiled_state, x)
+            watch.after_call(call, {"s": compiled_state}, {"s": eager_state})
+        r = watch.result()
+        # the size changes once: a static graph, then one with a dynamic size
+        self.assertEqual(r["graphs"], 2)
+        self.assertEqual(r["recompiles"], 1)
+        self.assertIn("size mismatch at index 0. expected 3, actual 5", r["reasons"][0])
+        self.assertEqual((r["eager"], r["eager_detail"], r["limit_hits"], r["graph_breaks"]), ("same", "", [], 0))
+
+    def test_a_difference_is_reported_with_its_call(self):
+        watch, torch = self.watch()
+        watch.after_call(1, {"s": {"v": torch.ones(2)}}, {"s": {"v": torch.ones(2)}})
+        watch.after_call(2, {"s": {"v": torch.ones(2)}}, {"s": {"v": torch.zeros(2)}})
+        r = watch.result()
+        self.assertEqual(r["eager"], "DIFF")
+        self.assertTrue(r["eager_detail"].startswith("call 2: s['v']: max abs diff 1"), r["eager_detail"])
+
+
+class BenchMetricSweepTest(unittest.TestCase):
+    def test_unknown_metric_is_a_usage_error(self):
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_metric_sweep.py"), "--metrics", "mse,no_such"],
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("unknown metric(s) no_such", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
