@@ -153,7 +153,7 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
         return {**result, "skipped": f"construct: {describe(e)}"}
 
     watch = sweeplib.CompileWatch(backend, recompile_limit)
-    compiled = torch.compile(metric_update, backend=watch.counter)
+    compiled = torch.compile(metric_update, backend=watch.backend)
 
     def state(metric, last):
         out = {"states": dict(metric.metric_state), "update_count": metric._update_count}

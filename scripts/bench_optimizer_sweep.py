@@ -129,7 +129,7 @@ def run_case(name: str, steps: int, backend: str, recompile_limit: int) -> dict:
         return {**result, "skipped": f"construct: {describe(e)}"}
 
     watch = sweeplib.CompileWatch(backend, recompile_limit)
-    compiled = torch.compile(bss.opt_step, backend=watch.counter)
+    compiled = torch.compile(bss.opt_step, backend=watch.backend)
 
     def state(model, opt):
         return {"params": dict(model.state_dict()), "optimizer": opt.state_dict()}

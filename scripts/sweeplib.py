@@ -43,17 +43,29 @@ class CompileWatch:
     """What one compiled callable costs over a case's calls, and how far its state is
     from an eager copy's. Create it before the first compiled call (it sets
     config.recompile_limit and captures Dynamo's recompile-limit warning), compile with
-    its `counter` as the backend, call `after_call` after each pair of calls, and
-    `result` at the end."""
+    its `backend`, call `after_call` after each pair of calls, and `result` at the end.
+    Besides the graphs (the callable's and those of the frames it calls or resumes
+    after a graph break), it counts how often each frame was compiled: a place pinned
+    per value recompiles its frame on every new value."""
 
     def __init__(self, backend: str, recompile_limit: int) -> None:
         import logging
 
         import torch._dynamo
         from torch._dynamo.testing import CompileCounterWithBackend
+        from torch._guards import CompileContext
 
         torch._dynamo.config.recompile_limit = recompile_limit
         self.counter = CompileCounterWithBackend(backend)
+        self.compiles: dict[int, set] = {}  # frame id: its compile ids that produced a graph
+
+        def count_frame_compiles(gm, example_inputs, **kwargs):
+            compile_id = CompileContext.current_compile_id()
+            if compile_id is not None and compile_id.frame_id is not None:
+                self.compiles.setdefault(compile_id.frame_id, set()).add(compile_id.frame_compile_id)
+            return self.counter(gm, example_inputs, **kwargs)
+
+        self.backend = count_frame_compiles
         self.limit_hits: set[str] = set()
         self.reasons: list[str] = []  # "function: reason", in the order the calls recorded them
         self.seen: dict = {}
@@ -95,6 +107,7 @@ class CompileWatch:
         from torch._dynamo.utils import counters
 
         return {"graphs": self.counter.frame_count, "limit_hits": sorted(self.limit_hits),
+                "frame_compiles": max(map(len, self.compiles.values()), default=0),
                 "eager": "DIFF" if self.differences else ("same" if self.max_diff == 0.0 else "close"),
                 "eager_detail": "; ".join(self.differences.values()), "max_diff": self.max_diff,
                 "reasons": list(dict.fromkeys(self.reasons))[:20], "recompiles": len(self.reasons),
@@ -275,6 +288,12 @@ def report(results: dict[str, dict[str, dict]], sides: dict[str, str], noun: str
               f"recompile per side of a branch on the step): {len(within[side]) + len(floors[side])}/{len(runnable)}")
     for n, branches in floors["patched"].items():
         print(f"    {n} ({results[n]['patched']['graphs']}): " + "; ".join(short(b, 150) for b in branches))
+    per_frame = {side: [n for n in ok[side] if results[n][side]["frame_compiles"] <= MAX_GOOD] for side in sides}
+    for side in sides:
+        print(f"  {side}: no frame compiled more than {MAX_GOOD} times (graph breaks allowed; a place pinned per "
+              f"value recompiles its frame per value): {len(per_frame[side])}/{len(runnable)}")
+    print("    patched above: " + (", ".join(f"{n} ({results[n]['patched']['frame_compiles']})"
+                                           for n in ok["patched"] if n not in per_frame["patched"]) or "-"))
     print(f"  patched > {MAX_GOOD} graphs, by first recompile reason (after the first call's): "
           f"{sum(len(v) for v in causes.values())} cases, {len(causes)} causes")
     for key, cases in sorted(causes.items(), key=lambda kv: -len(kv[1])):

@@ -247,6 +247,7 @@ class SweeplibCompileWatchTest(unittest.TestCase):
         import torch
 
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # a worker is a fresh process; these tests share one
         return sweeplib.CompileWatch("eager", 8), torch
 
     def test_graphs_reasons_and_same_state(self):
@@ -255,7 +256,7 @@ class SweeplibCompileWatchTest(unittest.TestCase):
         def scale(state, x):
             state["total"] = state["total"] + (x * 2).sum()
 
-        compiled = torch.compile(scale, backend=watch.counter)
+        compiled = torch.compile(scale, backend=watch.backend)
         eager_state, compiled_state = {"total": torch.zeros(())}, {"total": torch.zeros(())}
         for call, size in enumerate((3, 3, 5, 7), 1):
             x = torch.ones(size)
@@ -264,10 +265,26 @@ class SweeplibCompileWatchTest(unittest.TestCase):
             watch.after_call(call, {"s": compiled_state}, {"s": eager_state})
         r = watch.result()
         # the size changes once: a static graph, then one with a dynamic size
-        self.assertEqual(r["graphs"], 2)
+        self.assertEqual((r["graphs"], r["frame_compiles"]), (2, 2))
         self.assertEqual(r["recompiles"], 1)
         self.assertIn("size mismatch at index 0. expected 3, actual 5", r["reasons"][0])
         self.assertEqual((r["eager"], r["eager_detail"], r["limit_hits"], r["graph_breaks"]), ("same", "", [], 0))
+
+    def test_frames_of_a_graph_break_are_counted_apart(self):
+        watch, torch = self.watch()
+
+        def broken(x):
+            y = x + 1
+            torch._dynamo.graph_break()
+            return y * 2
+
+        compiled = torch.compile(broken, backend=watch.backend)
+        for call in range(1, 4):
+            compiled(torch.ones(3))
+            watch.after_call(call, {}, {})
+        r = watch.result()
+        # the graph before the break and the resume function's: one compile each
+        self.assertEqual((r["graphs"], r["frame_compiles"], r["graph_breaks"]), (2, 1, 1))
 
     def test_a_difference_is_reported_with_its_call(self):
         watch, torch = self.watch()
