@@ -29,18 +29,15 @@ the compiled update (a harness error); 2 on a setup error.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scalar_state as bss
-import benchlib
 import sweeplib
 from sweeplib import describe
 
-ROOT = benchlib.ROOT
 CLASSES = 5  # classes of the multiclass metrics
 BATCH = 16
 
@@ -190,52 +187,21 @@ NO_FIRST_CALL_RECOMPILE = re.compile(r"(?!)")  # a metric's first call leaves no
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchlib.add_side_args(parser)
-    parser.add_argument("--patched", type=Path, default=ROOT / ".venv" / "bin" / "python",
-                        help="python of the custom wheel (default: .venv/bin/python)")
-    parser.add_argument("--build-dir", type=Path, default=ROOT / "build",
-                        help="dynapatch build dir: bench-scalar/site-<hash> (installed there if missing) and "
-                             "the default stock env cache/stockenv-* (default: this checkout's build/)")
+    sweeplib.add_arguments(parser, "metric")
     parser.add_argument("--metrics", help=f"comma-separated subset of: {', '.join(METRICS)}")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--backend", default="aot_eager")
-    parser.add_argument("--recompile-limit", type=int, default=8, help="torch._dynamo.config.recompile_limit")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per metric and side")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
     if args.worker:
-        out = registry() if args.worker == ":registry" else run_case(
-            args.worker, args.steps, args.backend, args.recompile_limit)
-        print(json.dumps(out, default=str), flush=True)
-        return 0
+        return sweeplib.worker(args, registry, run_case)
 
     names = [n.strip() for n in args.metrics.split(",") if n.strip()] if args.metrics else list(METRICS)
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         fail(f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRICS)}")
-    stock = benchlib.stock_python(args.stock_python, args.build_dir.resolve() / "cache")
-    sides = benchlib.sides(argparse.Namespace(stock_python=stock), patched=str(args.patched))
-    try:
-        site = benchlib.bench_packages(sides["stock"], bss.REQUIREMENTS, args.build_dir.resolve())
-    except benchlib.SetupError as e:
-        fail(str(e))
-    env = benchlib.worker_env(threads=1, pythonpath=site)
-    print(f"packages: {site}", flush=True)
-    for side, python in sides.items():
-        reg = benchlib.run_worker(python, benchlib.worker_argv(__file__, ":registry"), env=env)
-        print(f"{side}: torch {reg['torch']} ({python}), torchmetrics {reg['torchmetrics']}"
+    sides, env, registries = sweeplib.prepare(args, __file__, fail)
+    for side, reg in registries.items():
+        print(f"{side}: torch {reg['torch']} ({sides[side]}), torchmetrics {reg['torchmetrics']}"
               + (f"; {reg['note']}" if reg["note"] else ""), flush=True)
-        if Path(reg["torch_file"]).resolve().is_relative_to(site.resolve()):
-            fail(f"{side}: torch was imported from {reg['torch_file']}, the bench packages dir")
-    print(f"backend={args.backend}, recompile_limit={args.recompile_limit}, steps={args.steps}, "
-          f"timeout {args.timeout:.0f} s per case; {len(names)} metrics, each in a fresh process per side\n",
-          flush=True)
-    results = sweeplib.run_cases(__file__, names, sides, env, ["--steps", args.steps, "--backend", args.backend,
-                                 "--recompile-limit", args.recompile_limit], args.timeout)
-    return sweeplib.report(results, sides, "metric",
-                           f"{args.backend}, {args.steps} steps, recompile_limit {args.recompile_limit}",
-                           NO_FIRST_CALL_RECOMPILE, "bench_metric_sweep")
+    return sweeplib.sweep(args, __file__, names, sides, env, "metric", NO_FIRST_CALL_RECOMPILE, "bench_metric_sweep")
 
 
 if __name__ == "__main__":

@@ -54,18 +54,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scalar_state as bss
-import benchlib
 import sweeplib
 from sweeplib import describe
-
-ROOT = benchlib.ROOT
 
 
 def muon_groups(model):
@@ -173,42 +169,16 @@ branch_floor = functools.partial(sweeplib.branch_floor, first_call=FIRST_CALL)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchlib.add_side_args(parser)
-    parser.add_argument("--patched", type=Path, default=ROOT / ".venv" / "bin" / "python",
-                        help="python of the custom wheel (default: .venv/bin/python)")
-    parser.add_argument("--build-dir", type=Path, default=ROOT / "build",
-                        help="dynapatch build dir: bench-scalar/site-<hash> (installed there if missing) and "
-                             "the default stock env cache/stockenv-* (default: this checkout's build/)")
+    sweeplib.add_arguments(parser, "optimizer")
     parser.add_argument("--optimizers", help="comma-separated subset of the registered names")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--backend", default="aot_eager")
-    parser.add_argument("--recompile-limit", type=int, default=8, help="torch._dynamo.config.recompile_limit")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per optimizer and side")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
     if args.worker:
-        out = registry() if args.worker == ":registry" else run_case(
-            args.worker, args.steps, args.backend, args.recompile_limit)
-        print(json.dumps(out), flush=True)
-        return 0
+        return sweeplib.worker(args, registry, run_case)
 
-    stock = benchlib.stock_python(args.stock_python, args.build_dir.resolve() / "cache")
-    sides = benchlib.sides(argparse.Namespace(stock_python=stock), patched=str(args.patched))
-    try:
-        site = benchlib.bench_packages(sides["stock"], bss.REQUIREMENTS, args.build_dir.resolve())
-    except benchlib.SetupError as e:
-        fail(str(e))
-    env = benchlib.worker_env(threads=1, pythonpath=site)
-    print(f"packages: {site}", flush=True)
-
-    registries = {side: benchlib.run_worker(python, benchlib.worker_argv(__file__, ":registry"), env=env)
-                  for side, python in sides.items()}
+    sides, env, registries = sweeplib.prepare(args, __file__, fail)
     for side, reg in registries.items():
         print(f"{side}: torch {reg['torch']} ({sides[side]}), pytorch-optimizer {reg['pytorch_optimizer']}, "
               f"{len(reg['names'])} optimizers", flush=True)
-        if Path(reg["torch_file"]).resolve().is_relative_to(site.resolve()):
-            fail(f"{side}: torch was imported from {reg['torch_file']}, the bench packages dir")
     if registries["stock"]["names"] != registries["patched"]["names"]:
         fail("the sides register different optimizers")
     known = registries["patched"]["names"]
@@ -216,15 +186,7 @@ def main() -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         fail(f"unknown optimizer(s) {', '.join(unknown)}; registered: {', '.join(known)}")
-    print(f"backend={args.backend}, recompile_limit={args.recompile_limit}, steps={args.steps}, "
-          f"timeout {args.timeout:.0f} s per case; {len(names)} optimizers, each in a fresh process per side\n",
-          flush=True)
-
-    results = sweeplib.run_cases(__file__, names, sides, env, ["--steps", args.steps, "--backend", args.backend,
-                                 "--recompile-limit", args.recompile_limit], args.timeout)
-    return sweeplib.report(results, sides, "optimizer",
-                           f"{args.backend}, {args.steps} steps, recompile_limit {args.recompile_limit}",
-                           FIRST_CALL, "bench_optimizer_sweep")
+    return sweeplib.sweep(args, __file__, names, sides, env, "optimizer", FIRST_CALL, "bench_optimizer_sweep")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ how a case is built and called, and the recompile every case has on its first ca
 
 from __future__ import annotations
 
+import argparse
 import collections
+import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import bench_scalar_state as bss
 import benchlib
@@ -117,6 +120,61 @@ class CompileWatch:
 
 
 # --------------------------------------------------------------------------- parent
+
+
+def add_arguments(parser: argparse.ArgumentParser, noun: str) -> None:
+    """The options every sweep takes (the cases' subset option is the script's own)."""
+    benchlib.add_side_args(parser)
+    parser.add_argument("--patched", type=Path, default=benchlib.ROOT / ".venv" / "bin" / "python",
+                        help="python of the custom wheel (default: .venv/bin/python)")
+    parser.add_argument("--build-dir", type=Path, default=benchlib.ROOT / "build",
+                        help="dynapatch build dir: bench-scalar/site-<hash> (installed there if missing) and "
+                             "the default stock env cache/stockenv-* (default: this checkout's build/)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--backend", default="aot_eager")
+    parser.add_argument("--recompile-limit", type=int, default=8, help="torch._dynamo.config.recompile_limit")
+    parser.add_argument("--timeout", type=float, default=300, help=f"seconds per {noun} and side")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def worker(args: argparse.Namespace, registry, run_case) -> int:
+    """A worker process: the registry (`--worker :registry`) or one case, as JSON on stdout."""
+    out = registry() if args.worker == ":registry" else run_case(
+        args.worker, args.steps, args.backend, args.recompile_limit)
+    print(json.dumps(out, default=str), flush=True)
+    return 0
+
+
+def prepare(args: argparse.Namespace, script: str, fail) -> tuple[dict[str, str], dict, dict[str, dict]]:
+    """The sides (stock, patched), the workers' environment (the bench packages on
+    PYTHONPATH, installed if missing) and each side's registry worker's answer; `fail`
+    on a setup error or a torch imported from the packages dir."""
+    stock = benchlib.stock_python(args.stock_python, args.build_dir.resolve() / "cache")
+    sides = benchlib.sides(argparse.Namespace(stock_python=stock), patched=str(args.patched))
+    try:
+        site = benchlib.bench_packages(sides["stock"], bss.REQUIREMENTS, args.build_dir.resolve())
+    except benchlib.SetupError as e:
+        fail(str(e))
+    env = benchlib.worker_env(threads=1, pythonpath=site)
+    print(f"packages: {site}", flush=True)
+    registries = {side: benchlib.run_worker(python, benchlib.worker_argv(script, ":registry"), env=env)
+                  for side, python in sides.items()}
+    for side, reg in registries.items():
+        if Path(reg["torch_file"]).resolve().is_relative_to(site.resolve()):
+            fail(f"{side}: torch was imported from {reg['torch_file']}, the bench packages dir")
+    return sides, env, registries
+
+
+def sweep(args: argparse.Namespace, script: str, names: list[str], sides: dict[str, str], env: dict, noun: str,
+          first_call: re.Pattern, program: str) -> int:
+    """run_cases, then report (its exit status)."""
+    print(f"backend={args.backend}, recompile_limit={args.recompile_limit}, steps={args.steps}, "
+          f"timeout {args.timeout:.0f} s per case; {len(names)} {noun}s, each in a fresh process per side\n",
+          flush=True)
+    results = run_cases(script, names, sides, env, ["--steps", args.steps, "--backend", args.backend,
+                        "--recompile-limit", args.recompile_limit], args.timeout)
+    return report(results, sides, noun, f"{args.backend}, {args.steps} steps, recompile_limit {args.recompile_limit}",
+                  first_call, program)
 
 
 def cause(reason: str) -> str:
