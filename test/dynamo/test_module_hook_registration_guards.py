@@ -8,7 +8,8 @@ from unittest import mock
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.guards import GuardBuilder
-from torch._dynamo.testing import CompileCounter
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 
 def add_one(mod, args, out):
@@ -173,8 +174,8 @@ class HooksRegisteredOutsideTests(torch._dynamo.test_case.TestCase):
     patch adds, and the hook functions) must say what the hooks are, not their ids:
     one frame while the hooks are the same, one more when they differ."""
 
-    def run_registrations(self, register, calls=6, fullgraph=True):
-        cnt = CompileCounter()
+    def run_registrations(self, register, backend, calls=6, fullgraph=True):
+        cnt = CompileCounterWithBackend(backend)
         compiled_model, eager_model = Stack(), Stack()
         compiled = torch.compile(compiled_model, backend=cnt, fullgraph=fullgraph)
         for i in range(calls):
@@ -187,38 +188,47 @@ class HooksRegisteredOutsideTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(len(compiled_model.layers[1]._forward_hooks_with_kwargs), 0)
         return cnt.frame_count
 
-    def test_same_hook_with_kwargs_every_call(self):
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_same_hook_with_kwargs_every_call(self, backend):
         frames = self.run_registrations(
-            lambda m, i: [m.register_forward_hook(add_one_with_kwargs, with_kwargs=True)]
+            lambda m, i: [m.register_forward_hook(add_one_with_kwargs, with_kwargs=True)], backend
         )
         self.assertEqual(frames, 1)
 
-    def test_same_pre_hook_with_kwargs_every_call(self):
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_same_pre_hook_with_kwargs_every_call(self, backend):
         frames = self.run_registrations(
-            lambda m, i: [m.register_forward_pre_hook(triple_input_with_kwargs, with_kwargs=True)]
+            lambda m, i: [m.register_forward_pre_hook(triple_input_with_kwargs, with_kwargs=True)], backend
         )
         self.assertEqual(frames, 1)
 
-    def test_same_hooks_every_call_without_fullgraph(self):
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_same_hooks_every_call_without_fullgraph(self, backend):
         frames = self.run_registrations(
             lambda m, i: [
                 m.register_forward_hook(times_two),
                 m.register_forward_hook(add_one_with_kwargs, with_kwargs=True),
             ],
+            backend,
             fullgraph=False,
         )
         self.assertEqual(frames, 1)
 
-    def test_different_hook_recompiles(self):
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_different_hook_recompiles(self, backend):
         # two hook sets, alternating: one frame each, then both reused
         frames = self.run_registrations(
             lambda m, i: [
                 m.register_forward_hook(times_two)
                 if i % 2
                 else m.register_forward_hook(add_one_with_kwargs, with_kwargs=True)
-            ]
+            ],
+            backend,
         )
         self.assertEqual(frames, 2)
+
+
+instantiate_parametrized_tests(HooksRegisteredOutsideTests)
 
 
 if __name__ == "__main__":
