@@ -48,10 +48,10 @@ whose traced form gives the same result, dtype and bits as the float form:
   pow() on the two doubles as CPython's float power does, under a guard that Python's
   result is a finite float (``math.isfinite(L['g'].d ** 2)``). Where Python raises
   (ZeroDivisionError, OverflowError; math.pow ValueError) or returns a complex number
-  or an inf, such a use is not traced on the tensor form (below). Inductor's C++ compiler turns
-  ``std::pow(x, 2.0)`` into ``x * x``, which rounds differently from pow() for about one
-  value in a thousand, as for the SymFloats _tensorify_python_scalars turns into
-  pow.Tensor_Tensor; eager and aot_eager run pow().
+  or an inf, such a use is not traced on the tensor form (below). Inductor's C++
+  compiler turns ``std::pow(x, 2.0)`` into ``x * x``, which rounds differently from
+  pow() for about one value in a thousand, as for the SymFloats
+  _tensorify_python_scalars turns into pow.Tensor_Tensor; eager and aot_eager run pow().
 - ``float(f)`` is ``f``; ``isinstance`` and ``type`` see a float.
 - Where the float meets a CPU tensor as a kernel's Scalar argument (``f * t``,
   ``f ** t``, ``t < f``; ``t.mul_(f)``, ``t.add_(u, alpha=f)``, ``t.clamp(max=f)``;
@@ -63,9 +63,9 @@ whose traced form gives the same result, dtype and bits as the float form:
   is passed as the tensor in the operands' dtype (lerp.Tensor). Complex tensors and
   other devices are left out (not verified).
 
-Any other use (``//`` of numbers, a power that is not a finite float, ``int()``, ``round()``, truth tests,
-``is None``, hashing (a ``set``), other ``math`` and torch functions, methods,
-complex tensors) is not traced on the tensor form: the attributes the
+Any other use (``//`` of numbers, a power that is not a finite float, ``int()``,
+``round()``, truth tests, ``is None``, hashing (a ``set``), other ``math`` and torch
+functions, methods, complex tensors) is not traced on the tensor form: the attributes the
 value derives from are recorded DEFAULT_FLOAT for the frame, and from the restart on
 they are wrapped exactly as without this module (specialized until automatic dynamic
 sees them change, then SymFloats), so such a frame compiles as often as without it.
@@ -122,7 +122,7 @@ _UNARY = {operator.neg: "(-{})", operator.pos: "(+{})", abs: "abs({})", math.sqr
 # The graph op of each: the float64 tensor's is Python's to the bit (IEEE negation,
 # absolute value and correctly rounded square root).
 _UNARY_OPS = {operator.neg: operator.neg, operator.pos: operator.pos, abs: abs, math.sqrt: torch.sqrt}
-_BINARY = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
+_BINARY = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/", operator.pow: "**"}
 
 # Longer expressions are not kept (`self.t = self.t * self.t` in a loop doubles its
 # length each time): a division by such a value is not traced.
@@ -227,6 +227,11 @@ def _python_result(op: Any, operands: list[VariableTracker]) -> PythonFloat | No
         return None
     sources = tuple(dict.fromkeys(s for e in exprs for s in e.sources))  # type: ignore[union-attr]
     return PythonFloat(code, op(*(e.value for e in exprs)), sources)  # type: ignore[union-attr]
+
+
+def _origins(values: list[VariableTracker]) -> frozenset[str]:
+    """The marked attributes the FloatAsTensorVariables among `values` are computed from."""
+    return frozenset().union(*(v.origins for v in values if isinstance(v, FloatAsTensorVariable)))
 
 
 def _python_float_guard(code: str, builder: GuardBuilder, guard: Any) -> None:
@@ -515,7 +520,6 @@ def call_builtin(
     if not kwargs and fn in _ARITH and len(args) == 2:
         op = _ARITH[fn]
         is_float = [isinstance(v, FloatAsTensorVariable) for v in args]
-        origins = frozenset().union(*(v.origins for v in args if isinstance(v, FloatAsTensorVariable)))  # type: ignore[attr-defined]
         if all(f or _is_number(v) for f, v in zip(is_float, args)):
             if op is operator.truediv:
                 _raise_on_zero_divisor(tx, args[1], args)
@@ -524,7 +528,7 @@ def call_builtin(
                 # c / f: divide a float64 tensor holding c, as Python divides c by f
                 # (operator.truediv(c, tensor) would take a reciprocal, then multiply).
                 operands[0] = _proxy(tx, "call_function", torch.full_like, operands[1], operands[0])
-            return _float_result(tx, op, tuple(operands), origins, _python_result(op, args))
+            return _float_result(tx, op, tuple(operands), _origins(args), _python_result(op, args))
     from .builtin import BuiltinVariable
 
     context = f"{getattr(fn, '__name__', fn)}({', '.join(map(str, args))})"
@@ -550,6 +554,8 @@ _TENSOR_OPERAND_BUILTINS = frozenset(
 
 
 _POWERS = frozenset({operator.pow, operator.ipow, pow, math.pow})
+# math functions Dynamo traces as torch functions that call_builtin takes: their arity
+_MATH_BUILTINS = {math.sqrt: 1, math.pow: 2}
 
 
 def _power(tx: InstructionTranslatorBase, args: list[VariableTracker]) -> FloatAsTensorVariable | None:
@@ -565,23 +571,15 @@ def _power(tx: InstructionTranslatorBase, args: list[VariableTracker]) -> FloatA
 
     if not all(isinstance(v, FloatAsTensorVariable) or _is_number(v) for v in args):
         return None
-    exprs = [_python_float(v) for v in args]
-    if any(e is None for e in exprs):
-        return None
-    base, exponent = exprs
     try:
-        value = float(base.value) ** float(exponent.value)  # type: ignore[union-attr]
+        expr = _python_result(operator.pow, args)
     except ArithmeticError:
         return None
-    if type(value) is not float or not math.isfinite(value):
+    if expr is None or type(expr.value) is not float or not math.isfinite(expr.value):
         return None
-    code = f"({base.code} ** {exponent.code})"  # type: ignore[union-attr]
-    if len(code) > _MAX_EXPR_LEN:
-        return None
-    sources = tuple(dict.fromkeys((*base.sources, *exponent.sources)))  # type: ignore[union-attr]
     # fails where Python raises, returns a complex number (TypeError) or a non-finite one
-    guard = f"math.isfinite({code})"
-    install_guard(sources[0].make_guard(functools.partial(_python_float_guard, guard)))
+    guard = f"math.isfinite({expr.code})"
+    install_guard(expr.sources[0].make_guard(functools.partial(_python_float_guard, guard)))
     like = next(v.tensor.as_proxy() for v in args if isinstance(v, FloatAsTensorVariable))  # type: ignore[attr-defined]
     operands = tuple(
         v.tensor.as_proxy()  # type: ignore[attr-defined]
@@ -589,8 +587,7 @@ def _power(tx: InstructionTranslatorBase, args: list[VariableTracker]) -> FloatA
         else _proxy(tx, "call_function", torch.full_like, like, _number_proxy(v))
         for v in args
     )
-    origins = frozenset().union(*(v.origins for v in args if isinstance(v, FloatAsTensorVariable)))  # type: ignore[attr-defined]
-    return _float_result(tx, torch.pow, operands, origins, PythonFloat(code, value, sources))
+    return _float_result(tx, torch.pow, operands, _origins(args), expr)
 
 
 def _comparand(vt: VariableTracker) -> PythonFloat | None:
@@ -741,18 +738,13 @@ def call_torch_function(
 ) -> VariableTracker | None:
     """``fn(*args, **kwargs)`` for a torch function (or a math function Dynamo traces as
     one) called with a FloatAsTensorVariable: for _SCALAR_FUNCTIONS, traced with each
-    such argument as its item() (lerp: its weight tensor), ``math.sqrt`` as the builtin
-    operators are; None to let the call be traced as it is (its as_proxy restarts as
+    such argument as its item() (lerp: its weight tensor), ``math.sqrt`` and
+    ``math.pow`` as the builtin operators are; None to let the call be traced as it is (its as_proxy restarts as
     for a method)."""
     fn = fn_var.value  # type: ignore[attr-defined]
-    if fn is math.sqrt:
+    if fn in _MATH_BUILTINS:
         args = _realize_floats(args)
-        if kwargs or len(args) != 1 or not isinstance(args[0], FloatAsTensorVariable):
-            return None
-        return call_builtin(tx, fn, args, kwargs)
-    if fn is math.pow:
-        args = _realize_floats(args)
-        if kwargs or len(args) != 2 or not any(isinstance(a, FloatAsTensorVariable) for a in args):
+        if kwargs or len(args) != _MATH_BUILTINS[fn] or not any(isinstance(a, FloatAsTensorVariable) for a in args):
             return None
         return call_builtin(tx, fn, args, kwargs)
     if fn is torch.tensor:
