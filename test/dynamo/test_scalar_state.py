@@ -16,6 +16,11 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch._dynamo.utils import guard_failures
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
+try:
+    from .test_module_scalars import scalar_places_of
+except ImportError:
+    from test_module_scalars import scalar_places_of
+
 
 class StepStateOpt(torch.optim.Optimizer):
     """An int `step` in per-parameter state, created on the first call (timm AdaBelief)."""
@@ -914,9 +919,15 @@ def attr_power_as_alpha(x, o):
 
 def attr_power_base_turns_negative(x, o):
     # positive for two calls, then negative: a negative float to an integral power is a
-    # float in Python (and C pow()); a fractional one (below) is a complex number
+    # float in Python (and C pow()); to a fractional one a complex number (below)
     o.v = o.v - 0.4
     return x * (o.v**2.0) + x * (o.v**-3)
+
+
+def attr_power_turns_complex(x, o):
+    # from the third call the base is negative and Python's power a complex number
+    o.v = o.v - 0.4
+    return x * (o.v**0.5)
 
 
 class ScheduleFreePlaces:
@@ -1147,6 +1158,17 @@ class PinnedUseTests(torch._dynamo.test_case.TestCase):
         # inductor's kernels round otherwise than eager's (a lerp: one float32 ulp)
         cnt = self.run_places(fn, make, CompileCounterWithBackend(backend), exact=backend != "inductor")
         self.assertEqual(cnt.frame_count, frames)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_power_that_is_not_a_real_float_is_specialized(self, backend):
+        # The guard that the power is a finite float fails on the third call (Python's
+        # power is complex); the place is specialized from then on: one frame for the
+        # float64 tensor, then one per value (0.2, -0.2, -0.6). Unpatched 2.15.0
+        # (measured): the third call fails the compile (TorchRuntimeError from the fake
+        # pow of a SymFloat that may be negative) and raises out of the compiled frame.
+        cnt = self.run_places(attr_power_turns_complex, Places, CompileCounterWithBackend(backend), calls=5)
+        self.assertEqual(cnt.frame_count, 4)
+        self.assertEqual(scalar_places_of(attr_power_turns_complex), {"L['o'].v": "specialized float"})
 
     @parametrize("name", ["attr_is_not_none", "dict_truth"])
     def test_inductor(self, name):

@@ -71,10 +71,10 @@ they are wrapped exactly as without this module (specialized until automatic dyn
 sees them change, then SymFloats), so such a frame compiles as often as without it.
 Neither alternative does: pinning the value (CONSTANT_MATCH) recompiles on every value
 where a SymFloat costs the eager backend one recompile, and a graph break costs a graph
-and a resume function that recompiles for the values it is handed. Two uses that
-Dynamo gets wrong on a SymFloat (``%``, formatting with a spec: _SYMFLOAT_WRONG) record
-SPECIALIZED_FLOAT instead: the value is specialized (CONSTANT_MATCH). The trace goes on
-with the value as a constant until it ends, so that every use in it decides (a later
+and a resume function that recompiles for the values it is handed. Uses that Dynamo
+gets wrong on a SymFloat (``%``, formatting with a spec, a power that is not a finite
+float: _symfloat_wrong) record SPECIALIZED_FLOAT instead: the value is specialized
+(CONSTANT_MATCH). The trace goes on with the value as a constant until it ends, so that every use in it decides (a later
 ``%`` overrides an earlier ``round()``), and restarts before it compiles, once for all
 the places it recorded. Each attribute restarts a trace at most twice.
 
@@ -345,6 +345,24 @@ class FloatAsTensorVariable(VariableTracker):
 _SYMFLOAT_WRONG = frozenset({operator.mod, operator.imod, str.format, format})
 
 
+def _symfloat_wrong(fn: Any, values: list[VariableTracker]) -> bool:
+    """Whether Dynamo gets `fn` of `values` wrong on a SymFloat: a use in _SYMFLOAT_WRONG,
+    or a power Python does not compute as a finite float (a negative base to a
+    fractional power, 0.0 to a negative one, an overflow), whose fake pow on a SymFloat
+    fails the compile without this module."""
+    if fn in _SYMFLOAT_WRONG:
+        return True
+    if fn not in _POWERS or len(values) != 2:
+        return False
+    try:
+        expr = _python_result(operator.pow, values)
+    except ArithmeticError:
+        return True
+    except TypeError:  # an operand that is not a number
+        return False
+    return expr is not None and (type(expr.value) is not float or not math.isfinite(expr.value))
+
+
 def _record_places(
     tx: InstructionTranslatorBase, floats: list[FloatAsTensorVariable], how: str
 ) -> tuple[list[str], list[str]]:
@@ -365,8 +383,8 @@ def _unsupported(
 ) -> list[VariableTracker]:
     """A use the float64 tensor cannot trace as Python would: record the attributes the
     values derive from to be wrapped as without this module (automatic dynamic decides)
-    or, for a use `fn` in _SYMFLOAT_WRONG, specialized on their values, which wins over
-    the former. The trace restarts before it compiles (scalar_places.note_marked_place)
+    or, for a use `fn` Dynamo gets wrong on a SymFloat (_symfloat_wrong), specialized on
+    their values, which wins over the former. The trace restarts before it compiles (scalar_places.note_marked_place)
     and goes on until then with the values as constants, so that every use of the
     frame's attributes decides their record; `values` with such constants in place is
     returned for that. A value with no Python expression restarts at once."""
@@ -374,7 +392,7 @@ def _unsupported(
     from .constant import ConstantVariable
 
     floats = [v for v in values if isinstance(v, FloatAsTensorVariable)]
-    how = SPECIALIZED_FLOAT if fn in _SYMFLOAT_WRONG else DEFAULT_FLOAT
+    how = SPECIALIZED_FLOAT if _symfloat_wrong(fn, values) else DEFAULT_FLOAT
     origins, changed = _record_places(tx, floats, how)
     reason = f"{context}: unsupported for a float64 tensor input; tracing {origins} as a {how}"
     if any(v.expr is None for v in floats):
